@@ -1,0 +1,510 @@
+"""Established batch-correction baselines and the "integration result" file format.
+
+Every method works on the same normalized matrix (log-expression, samples x loci in
+genomic order) and returns an *integration result*: an :class:`~anndata.AnnData` with
+
+* ``obs``: the sample table (batch and label columns as categoricals),
+* ``var_names``: gene ids,
+* ``uns["method"]``, ``uns["status"]`` (``"ok"`` or ``"failed"``), ``uns["error"]`` (if failed),
+* ``uns["representation"]``: ``"matrix"`` (score ``.X``, the corrected matrix, on its PCA)
+  or ``"embedding"`` (score ``.obsm["X_emb"]`` as it is).
+
+Methods: ``uncorrected`` (the input as it is), ``combat`` (:func:`scanpy.pp.combat`),
+``harmony`` (harmonypy on a PCA of the scaled matrix) and ``scvi`` (scvi-tools on raw
+counts; an optional extra).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Literal
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+
+from locusformer.atomic import atomic_path
+from locusformer.errors import InputError
+
+log = logging.getLogger(__name__)
+
+METHODS: tuple[str, ...] = ("uncorrected", "combat", "harmony", "scvi")
+EMBEDDING_KEY = "X_emb"
+MAX_PCS = 50
+
+Representation = Literal["matrix", "embedding"]
+
+
+# --------------------------------------------------------------------------- results
+
+
+def _categorical_obs(obs: pd.DataFrame, keys: Sequence[str | None]) -> pd.DataFrame:
+    obs = obs.copy()
+    obs.index = obs.index.astype(str)
+    obs.index.name = "sample_id"
+    for key in keys:
+        if key is not None and key in obs.columns:
+            col = obs[key]
+            if not isinstance(col.dtype, pd.CategoricalDtype):
+                col = col.astype("string").astype("category")
+            # categories must be strings so that they survive h5ad round trips unchanged
+            obs[key] = col.cat.rename_categories([str(c) for c in col.cat.categories])
+    return obs
+
+
+def make_result(
+    data: ad.AnnData | np.ndarray | pd.DataFrame | None,
+    *,
+    method: str,
+    representation: Representation,
+    obs: pd.DataFrame | None = None,
+    var_names: Sequence[str] | None = None,
+    embedding: np.ndarray | None = None,
+    batch_key: str | None = None,
+    label_key: str | None = None,
+    status: Literal["ok", "failed"] = "ok",
+    error: str | None = None,
+    uns: Mapping[str, object] | None = None,
+) -> ad.AnnData:
+    """Build an integration result.
+
+    ``data`` gives ``.X`` (the corrected matrix for ``representation="matrix"``; the input
+    matrix, or ``None``, for ``"embedding"``) and, when it is an AnnData or DataFrame, the
+    sample ids / gene ids. ``obs`` (the sample table) and ``var_names`` override them.
+    ``embedding`` (samples x dims) goes to ``.obsm["X_emb"]`` and is required for
+    ``representation="embedding"`` unless ``status="failed"``.
+    """
+    if representation not in ("matrix", "embedding"):
+        raise ValueError(f"representation must be 'matrix' or 'embedding', not {representation!r}")
+    if status not in ("ok", "failed"):
+        raise ValueError(f"status must be 'ok' or 'failed', not {status!r}")
+
+    x: np.ndarray | None
+    if isinstance(data, ad.AnnData):
+        x = None if data.X is None else np.asarray(data.X)
+        obs = data.obs if obs is None else obs
+        var_names = list(data.var_names) if var_names is None else var_names
+    elif isinstance(data, pd.DataFrame):
+        x = data.to_numpy()
+        if obs is None:
+            obs = pd.DataFrame(index=data.index.astype(str))
+        var_names = [str(c) for c in data.columns] if var_names is None else var_names
+    else:
+        x = None if data is None else np.asarray(data)
+
+    n_obs = (
+        len(obs)
+        if obs is not None
+        else (x.shape[0] if x is not None else (embedding.shape[0] if embedding is not None else 0))
+    )
+    if obs is None:
+        obs = pd.DataFrame(index=[f"s{i}" for i in range(n_obs)])
+    if x is not None and x.shape[0] != len(obs):
+        raise ValueError(f"matrix has {x.shape[0]} rows but the sample table {len(obs)}")
+    if var_names is None:
+        var_names = [f"g{i}" for i in range(x.shape[1])] if x is not None else []
+    if x is not None and x.shape[1] != len(var_names):
+        raise ValueError(f"matrix has {x.shape[1]} columns but there are {len(var_names)} gene ids")
+
+    if status == "ok":
+        if representation == "matrix" and x is None:
+            raise ValueError("a 'matrix' result needs the corrected matrix in data")
+        if representation == "embedding" and embedding is None:
+            raise ValueError("an 'embedding' result needs embedding=")
+
+    var = pd.DataFrame(index=pd.Index([str(v) for v in var_names], name="gene_id"))
+    result = ad.AnnData(
+        X=None if x is None else x.astype(np.float32, copy=False),
+        obs=_categorical_obs(obs, [batch_key, label_key]),
+        var=var,
+    )
+    if embedding is not None:
+        emb = np.asarray(embedding, dtype=np.float32)
+        if emb.ndim != 2 or emb.shape[0] != result.n_obs:
+            raise ValueError(f"embedding must be samples x dims, got shape {emb.shape}")
+        result.obsm[EMBEDDING_KEY] = emb
+    result.uns["method"] = str(method)
+    result.uns["status"] = status
+    result.uns["representation"] = representation
+    if status == "failed":
+        result.uns["error"] = one_line(error or "failed without a message")
+    for key, value in (uns or {}).items():
+        if value is not None:
+            result.uns[key] = value
+    return result
+
+
+def one_line(message: object, limit: int = 500) -> str:
+    """Collapse a message onto one line (and cut it at ``limit`` characters)."""
+    text = " ".join(str(message).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def failed_result(
+    method: str,
+    obs: pd.DataFrame,
+    var_names: Sequence[str],
+    error: object,
+    *,
+    batch_key: str | None = None,
+    label_key: str | None = None,
+) -> ad.AnnData:
+    """An integration result that records that ``method`` failed (no matrix, no embedding)."""
+    if isinstance(error, BaseException):
+        error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return make_result(
+        None,
+        method=method,
+        representation="embedding" if method in ("harmony", "scvi") else "matrix",
+        obs=obs,
+        var_names=var_names,
+        batch_key=batch_key,
+        label_key=label_key,
+        status="failed",
+        error=str(error),
+    )
+
+
+def write_result(result: ad.AnnData, path: str | os.PathLike) -> None:
+    """Write an integration result atomically."""
+    with atomic_path(path) as tmp:
+        result.write_h5ad(tmp)
+
+
+# --------------------------------------------------------------------------- methods
+
+
+def _batches(adata: ad.AnnData, batch_key: str) -> pd.Series:
+    if batch_key not in adata.obs.columns:
+        raise InputError("samples", f"no batch column {batch_key!r}")
+    batches = adata.obs[batch_key]
+    if batches.isna().any():
+        raise InputError("samples", f"batch column {batch_key!r} has missing values")
+    return batches.astype(str)
+
+
+def _need_batches(method: str, batches: pd.Series, min_per_batch: int = 1) -> None:
+    counts = batches.value_counts()
+    if len(counts) < 2:
+        raise RuntimeError(f"{method} needs at least 2 batches, found {len(counts)}")
+    small = counts[counts < min_per_batch]
+    if len(small):
+        names = ", ".join(repr(b) for b in small.index[:5])
+        raise RuntimeError(
+            f"{method} needs at least {min_per_batch} samples per batch; "
+            f"too few in batch {names} ({int(small.iloc[0])} sample(s))"
+        )
+
+
+def n_pcs(n_obs: int, n_vars: int, max_pcs: int = MAX_PCS) -> int:
+    """Number of principal components: ``min(max_pcs, n_obs - 1, n_vars - 1)`` (at least 1)."""
+    return max(1, min(max_pcs, n_obs - 1, n_vars - 1))
+
+
+def pca(x: np.ndarray, n_comps: int, seed: int = 0) -> np.ndarray:
+    """Principal components of ``x`` (centred, not scaled) with ARPACK, as float64."""
+    from sklearn.decomposition import PCA
+
+    x = np.asarray(x, dtype=np.float64)
+    n_comps = min(n_comps, min(x.shape) - 1)
+    if n_comps < 1:
+        raise ValueError(f"cannot compute a PCA of a {x.shape[0]} x {x.shape[1]} matrix")
+    return PCA(n_components=n_comps, svd_solver="arpack", random_state=seed).fit_transform(x)
+
+
+def _dense(x) -> np.ndarray:
+    return x.toarray() if hasattr(x, "toarray") else np.asarray(x)
+
+
+def _check_finite(method: str, x: np.ndarray) -> None:
+    bad = ~np.isfinite(x)
+    if bad.any():
+        raise RuntimeError(
+            f"{method} produced {int(bad.sum())} non-finite values "
+            f"(in {int(bad.any(axis=0).sum())} of {x.shape[1]} columns)"
+        )
+
+
+def _uncorrected(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData:
+    x = _dense(adata.X).astype(np.float32)
+    return make_result(
+        x, method="uncorrected", representation="matrix", obs=adata.obs,
+        var_names=adata.var_names, batch_key=batch_key,
+    )  # fmt: skip
+
+
+def _combat(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData:
+    import scanpy as sc
+
+    batches = _batches(adata, batch_key)
+    _need_batches("ComBat", batches, min_per_batch=2)
+    x = _dense(adata.X).astype(np.float64)
+    if not np.isfinite(x).all():
+        raise InputError("normalized matrix", "contains non-finite values")
+
+    # Like sva::ComBat, leave genes that are constant within some batch unadjusted: their
+    # within-batch variance is 0, so the empirical-Bayes scale factor would divide by 0.
+    codes = pd.Categorical(batches).codes
+    constant = np.zeros(x.shape[1], dtype=bool)
+    for code in np.unique(codes):
+        constant |= np.ptp(x[codes == code], axis=0) == 0
+    adjust = ~constant
+    if not adjust.any():
+        raise RuntimeError("ComBat: every gene is constant within at least one batch")
+
+    work = ad.AnnData(
+        X=x[:, adjust], obs=pd.DataFrame({batch_key: batches.values}, index=adata.obs_names)
+    )
+    corrected = sc.pp.combat(work, key=batch_key, inplace=False)
+    corrected = np.asarray(corrected, dtype=np.float64)
+    _check_finite("ComBat", corrected)
+    out = x.copy()
+    out[:, adjust] = corrected
+    return make_result(
+        out.astype(np.float32),
+        method="combat",
+        representation="matrix",
+        obs=adata.obs,
+        var_names=adata.var_names,
+        batch_key=batch_key,
+        uns={"n_genes_unadjusted": int(constant.sum())},
+    )
+
+
+def _harmony(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData:
+    import harmonypy
+
+    batches = _batches(adata, batch_key)
+    _need_batches("Harmony", batches, min_per_batch=1)
+    x = _dense(adata.X).astype(np.float64)
+    if not np.isfinite(x).all():
+        raise InputError("normalized matrix", "contains non-finite values")
+    # scale each gene to zero mean and unit variance (constant genes stay 0), clip at 10 SD
+    # as scanpy.pp.scale(max_value=10) does
+    sd = x.std(axis=0, ddof=1)
+    sd[sd == 0] = 1.0
+    scaled = np.clip((x - x.mean(axis=0)) / sd, -10, 10)
+    n_comps = n_pcs(x.shape[0], x.shape[1])
+    pcs = pca(scaled, n_comps, seed)
+
+    n = x.shape[0]
+    # harmonypy's default is round(N / 30) clusters, which is 0 or 1 for small bulk studies
+    nclust = int(min(max(2, round(n / 30)), 100, n - 1))
+    meta = pd.DataFrame({batch_key: batches.values})
+    ho = harmonypy.run_harmony(
+        pcs, meta, batch_key, nclust=nclust, random_state=seed, verbose=False
+    )
+    z = np.asarray(ho.Z_corr)
+    if z.shape[0] != n and z.shape[1] == n:  # harmonypy < 0.1 returns PCs x cells
+        z = z.T
+    _check_finite("Harmony", z)
+    return make_result(
+        _dense(adata.X).astype(np.float32),
+        method="harmony",
+        representation="embedding",
+        obs=adata.obs,
+        var_names=adata.var_names,
+        embedding=z,
+        batch_key=batch_key,
+        uns={"n_pcs": int(pcs.shape[1]), "nclust": nclust},
+    )
+
+
+def scvi_available() -> bool:
+    """Whether scvi-tools can be imported."""
+    try:
+        import scvi  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _scvi(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData:
+    if counts is None:
+        raise InputError(
+            "scvi", "needs raw counts (counts.parquet); this dataset has no counts"
+        )
+    try:
+        import scvi
+    except Exception as exc:
+        raise RuntimeError(
+            "scVI needs the optional scvi-tools package (pip install 'locusformer[scvi]'): "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+
+    batches = _batches(adata, batch_key)
+    _need_batches("scVI", batches, min_per_batch=1)
+    if isinstance(counts, pd.DataFrame):
+        counts_df = counts
+    elif isinstance(counts, ad.AnnData):
+        counts_df = pd.DataFrame(_dense(counts.X), index=counts.obs_names, columns=counts.var_names)
+    else:
+        raise TypeError("counts must be a DataFrame or an AnnData")
+    counts_df.index = counts_df.index.astype(str)
+    missing = adata.obs_names.difference(counts_df.index)
+    if len(missing):
+        raise InputError("counts", f"no counts for {len(missing)} samples, e.g. {missing[0]!r}")
+    genes = [g for g in adata.var_names if g in counts_df.columns]
+    if not genes:
+        raise InputError("counts", "shares no gene ids with the normalized matrix")
+    c = counts_df.loc[adata.obs_names, genes].to_numpy(dtype=np.float32)
+    if not np.isfinite(c).all() or (c < 0).any():
+        raise InputError("counts", "must be finite and not negative")
+
+    scvi.settings.seed = seed
+    work = ad.AnnData(X=c, obs=pd.DataFrame({batch_key: batches.values}, index=adata.obs_names))
+    work.var_names = genes
+    scvi.model.SCVI.setup_anndata(work, batch_key=batch_key)
+    n_latent = max(2, min(10, work.n_obs - 1))
+    model = scvi.model.SCVI(work, n_latent=n_latent)
+    model.train(accelerator="cpu", enable_progress_bar=False)
+    z = np.asarray(model.get_latent_representation())
+    _check_finite("scVI", z)
+    return make_result(
+        _dense(adata.X).astype(np.float32),
+        method="scvi",
+        representation="embedding",
+        obs=adata.obs,
+        var_names=adata.var_names,
+        embedding=z,
+        batch_key=batch_key,
+        uns={"n_latent": n_latent, "n_genes_counts": len(genes)},
+    )
+
+
+_RUNNERS = {
+    "uncorrected": _uncorrected,
+    "combat": _combat,
+    "harmony": _harmony,
+    "scvi": _scvi,
+}
+
+
+def run_method(
+    method: str,
+    adata: ad.AnnData,
+    batch_key: str,
+    seed: int,
+    counts: ad.AnnData | pd.DataFrame | None = None,
+) -> ad.AnnData:
+    """Run one baseline on a normalized AnnData (samples x loci, log-expression).
+
+    Raises whatever the method raises (``RuntimeError`` for a design it cannot handle,
+    :class:`InputError` for missing inputs); :func:`run_baseline` records such failures.
+    """
+    if method not in _RUNNERS:
+        raise InputError("method", f"unknown baseline {method!r}; choose from {', '.join(METHODS)}")
+    if adata.n_obs < 2 or adata.n_vars < 1:
+        raise InputError("normalized matrix", f"too small ({adata.n_obs} x {adata.n_vars})")
+    result = _RUNNERS[method](adata, batch_key, seed, counts)
+    result.uns["seed"] = int(seed)
+    return result
+
+
+# --------------------------------------------------------------------------- files
+
+
+def read_parquet_matrix(path: str | os.PathLike, what: str = "matrix") -> pd.DataFrame:
+    """Read a samples x genes parquet matrix; :class:`InputError` if it cannot be used."""
+    try:
+        df = pd.read_parquet(path)
+    except Exception as exc:
+        raise InputError(path, f"cannot read {what}: {one_line(exc)}") from exc
+    if df.shape[0] == 0 or df.shape[1] == 0:
+        raise InputError(path, f"{what} is empty ({df.shape[0]} x {df.shape[1]})")
+    if "sample_id" in df.columns:
+        df = df.set_index("sample_id")
+    df.index = df.index.astype(str)
+    df.columns = [str(c) for c in df.columns]
+    if not df.index.is_unique:
+        raise InputError(path, "duplicate sample ids")
+    try:
+        df = df.astype(np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InputError(path, f"{what} has non-numeric values: {one_line(exc)}") from exc
+    return df
+
+
+def read_samples(path: str | os.PathLike) -> pd.DataFrame:
+    """Read ``samples.tsv`` (all columns as strings, indexed by ``sample_id``)."""
+    try:
+        samples = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False, na_values=[""])
+    except Exception as exc:
+        raise InputError(path, f"cannot read sample table: {one_line(exc)}") from exc
+    if "sample_id" not in samples.columns:
+        raise InputError(path, "no 'sample_id' column")
+    if samples["sample_id"].duplicated().any():
+        dup = samples.loc[samples["sample_id"].duplicated(), "sample_id"].iloc[0]
+        raise InputError(path, f"duplicate sample id {dup!r}")
+    return samples.set_index("sample_id")
+
+
+def load_normalized(
+    ordered_path: str | os.PathLike,
+    samples_path: str | os.PathLike,
+    batch_key: str,
+    label_key: str | None = None,
+) -> ad.AnnData:
+    """Load ``ordered.parquet`` + ``samples.tsv`` into an AnnData (obs in matrix order)."""
+    matrix = read_parquet_matrix(ordered_path, "normalized matrix")
+    samples = read_samples(samples_path)
+    for key in (batch_key, label_key):
+        if key is not None and key not in samples.columns:
+            raise InputError(samples_path, f"no column {key!r}")
+    missing = matrix.index.difference(samples.index)
+    if len(missing):
+        raise InputError(
+            samples_path, f"{len(missing)} samples of {ordered_path} are missing, e.g. {missing[0]!r}"
+        )
+    obs = samples.loc[matrix.index].copy()
+    if obs[batch_key].isna().any():
+        raise InputError(samples_path, f"column {batch_key!r} has missing values")
+    obs = _categorical_obs(obs, [batch_key, label_key])
+    adata = ad.AnnData(X=matrix.to_numpy(dtype=np.float32), obs=obs)
+    adata.var_names = list(matrix.columns)
+    return adata
+
+
+def run_baseline(
+    method: str,
+    ordered_path: str | os.PathLike,
+    samples_path: str | os.PathLike,
+    batch_key: str,
+    label_key: str | None,
+    out_h5ad: str | os.PathLike,
+    seed: int,
+    counts_path: str | os.PathLike | None = None,
+) -> ad.AnnData:
+    """Run ``method`` on a dataset's normalized files and write its integration result.
+
+    Unreadable or inconsistent input raises :class:`InputError`. A method that fails on
+    the data (ComBat with a one-sample batch, scVI without scvi-tools, ...) writes a result
+    with ``uns["status"] = "failed"`` and ``uns["error"]`` and returns normally.
+    """
+    if method not in _RUNNERS:
+        raise InputError("method", f"unknown baseline {method!r}; choose from {', '.join(METHODS)}")
+    adata = load_normalized(ordered_path, samples_path, batch_key, label_key)
+    counts = None
+    if counts_path is not None and Path(counts_path).exists():
+        counts = read_parquet_matrix(counts_path, "count matrix")
+    elif counts_path is not None:
+        raise InputError(counts_path, "count matrix does not exist")
+
+    try:
+        if method == "scvi" and counts is None:
+            raise RuntimeError("scVI needs raw counts; this dataset has none (value_type is not counts)")
+        result = run_method(method, adata, batch_key, seed, counts=counts)
+    except Exception as exc:
+        # the uncorrected "method" cannot fail on readable input: anything here is a bug
+        if method == "uncorrected":
+            raise
+        log.warning("%s failed: %s", method, exc)
+        result = failed_result(
+            method, adata.obs, adata.var_names, exc, batch_key=batch_key, label_key=label_key
+        )
+    result.uns["seed"] = int(seed)
+    write_result(result, out_h5ad)
+    return result

@@ -1,0 +1,241 @@
+"""The ``locusformer`` command line: one subcommand per workflow step.
+
+Each Snakemake rule calls one subcommand, so every step can also be run, debugged and
+profiled by hand. Bad input ends with one line on stderr and exit code 2; nothing is
+written for a step that fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from . import __version__
+from .errors import InputError
+
+log = logging.getLogger("locusformer")
+
+Handler = Callable[[argparse.Namespace], None]
+_HANDLERS: dict[str, Handler] = {}
+
+
+def _command(name: str) -> Callable[[Handler], Handler]:
+    def register(handler: Handler) -> Handler:
+        _HANDLERS[name] = handler
+        return handler
+
+    return register
+
+
+def _json_arg(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
+# -- preprocessing -------------------------------------------------------------------------
+
+
+@_command("normalize")
+def _normalize(args: argparse.Namespace) -> None:
+    from .atomic import write_text
+    from .io import read_expression, read_sample_sheet, write_matrix_parquet, write_tsv
+    from .preprocess import NormalizeParams, attach_samples, normalize
+
+    adata = read_expression(args.expression, layer=args.layer)
+    sheet = read_sample_sheet(args.samples, sample_column=args.sample_column)
+    adata = attach_samples(
+        adata,
+        sheet,
+        args.batch_key,
+        args.label_key,
+        matrix_path=args.expression,
+        sheet_path=args.samples,
+    )
+    params = NormalizeParams(
+        target_sum=args.target_sum, min_samples=args.min_samples, n_top_genes=args.n_top_genes
+    )
+    normalized, stats = normalize(
+        adata, args.value_type, args.batch_key, params, source=args.expression
+    )
+    if args.label_key:
+        labels = normalized.obs[args.label_key].astype(str).value_counts().sort_index()
+        stats["samples_per_label"] = {str(k): int(v) for k, v in labels.items()}
+    stats["batch_key"], stats["label_key"] = args.batch_key, args.label_key
+    write_matrix_parquet(args.out_matrix, normalized.X, normalized.obs_names, normalized.var_names)
+    if args.out_counts:
+        if "counts" in normalized.layers:
+            counts = normalized.layers["counts"]
+            write_matrix_parquet(
+                args.out_counts, counts, normalized.obs_names, normalized.var_names
+            )
+        else:
+            # Log-expression input has no counts; an empty marker keeps the rule's outputs
+            # fixed while telling count-based methods (scVI) that they cannot run.
+            write_matrix_parquet(
+                args.out_counts, normalized.X[:, :0], normalized.obs_names, normalized.var_names[:0]
+            )
+    write_tsv(args.out_samples, normalized.obs)
+    write_text(args.out_stats, json.dumps(stats, indent=2) + "\n")
+    log.info(
+        "normalized %d samples: %d of %d genes kept",
+        stats["n_samples"],
+        stats["n_genes_kept"],
+        stats["n_genes_input"],
+    )
+
+
+@_command("order-loci")
+def _order_loci(args: argparse.Namespace) -> None:
+    from .atomic import write_text
+    from .io import read_annotation, read_matrix_parquet, write_frame_parquet, write_matrix_parquet
+    from .loci import order_loci
+
+    matrix = read_matrix_parquet(args.matrix)
+    annotation = read_annotation(args.genes, args.gene_id)
+    loci, stats = order_loci(
+        matrix.columns, annotation, args.gene_id, args.unplaced, source=args.genes
+    )
+    ordered = matrix[loci["gene_id"].tolist()]
+    write_frame_parquet(args.out_loci, loci)
+    write_matrix_parquet(args.out_matrix, ordered.to_numpy(), ordered.index, ordered.columns)
+    write_text(args.out_stats, json.dumps(stats, indent=2) + "\n")
+    log.info(
+        "placed %d of %d loci (%.1f%%), unplaced: %s",
+        stats["n_placed"],
+        stats["n_genes"],
+        100 * stats["share_placed"],
+        args.unplaced,
+    )
+
+
+# -- model ---------------------------------------------------------------------------------
+
+
+@_command("train")
+def _train(args: argparse.Namespace) -> None:
+    from .train import run_train
+
+    run_train(
+        ordered_path=args.matrix,
+        loci_path=args.loci,
+        samples_path=args.samples,
+        batch_key=args.batch_key,
+        params=args.params,
+        weights_out=args.out_weights,
+        config_out=args.out_config,
+        history_out=args.out_history,
+        checkpoint_path=args.checkpoint,
+        seed=args.seed,
+        device=args.device,
+    )
+
+
+@_command("correct")
+def _correct(args: argparse.Namespace) -> None:
+    from .correct import run_correct
+
+    run_correct(
+        ordered_path=args.matrix,
+        samples_path=args.samples,
+        batch_key=args.batch_key,
+        weights_path=args.weights,
+        config_path=args.config,
+        corrected_out=args.out_corrected,
+        latent_out=args.out_latent,
+        h5ad_out=args.out_h5ad,
+        reference=args.reference,
+        add_residual=args.add_residual,
+        chunk_size=args.chunk_size,
+        device=args.device,
+    )
+
+
+# -- parser --------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="locusformer", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"locusformer {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = commands.add_parser("normalize", help="read, validate, normalize and select genes")
+    p.add_argument("--expression", required=True, help="matrix (CSV/TSV[.gz], parquet, h5ad)")
+    p.add_argument("--layer", default=None, help="h5ad layer holding the values (default .X)")
+    p.add_argument("--samples", required=True, help="sample sheet (CSV/TSV)")
+    p.add_argument("--sample-column", default=None, help="sample id column of the sheet")
+    p.add_argument("--batch-key", required=True)
+    p.add_argument("--label-key", default=None)
+    p.add_argument("--value-type", required=True, choices=["counts", "log_expression"])
+    p.add_argument("--target-sum", type=float, default=1e4)
+    p.add_argument("--min-samples", type=int, default=3)
+    p.add_argument("--n-top-genes", type=int, default=2000)
+    p.add_argument("--out-matrix", required=True)
+    p.add_argument("--out-counts", default=None)
+    p.add_argument("--out-samples", required=True)
+    p.add_argument("--out-stats", required=True)
+
+    p = commands.add_parser("order-loci", help="place genes on the genome and reorder")
+    p.add_argument("--matrix", required=True, help="normalized.parquet")
+    p.add_argument("--genes", required=True, help="annotation (TSV, GTF or BED)")
+    p.add_argument("--gene-id", required=True, help="annotation column matching matrix ids")
+    p.add_argument("--unplaced", default="append", choices=["append", "drop"])
+    p.add_argument("--out-loci", required=True)
+    p.add_argument("--out-matrix", required=True)
+    p.add_argument("--out-stats", required=True)
+
+    p = commands.add_parser("train", help="train the attention corrector")
+    p.add_argument("--matrix", required=True, help="ordered.parquet")
+    p.add_argument("--loci", required=True)
+    p.add_argument("--samples", required=True)
+    p.add_argument("--batch-key", required=True)
+    p.add_argument("--params", type=_json_arg, default={}, help='JSON: {"model":..,"train":..}')
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--checkpoint", default=None, help="resumable checkpoint file")
+    p.add_argument("--out-weights", required=True)
+    p.add_argument("--out-config", required=True)
+    p.add_argument("--out-history", required=True)
+
+    p = commands.add_parser("correct", help="apply a trained corrector")
+    p.add_argument("--matrix", required=True, help="ordered.parquet")
+    p.add_argument("--samples", required=True)
+    p.add_argument("--batch-key", required=True)
+    p.add_argument("--weights", required=True)
+    p.add_argument("--config", required=True)
+    p.add_argument("--reference", default="mean", help="a batch name, or mean")
+    p.add_argument("--add-residual", action="store_true")
+    p.add_argument("--chunk-size", type=int, default=512)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out-corrected", required=True)
+    p.add_argument("--out-latent", required=True)
+    p.add_argument("--out-h5ad", required=True)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        _HANDLERS[args.command](args)
+    except InputError as exc:
+        message = " ".join(str(exc).split())  # always one line, whatever the cause said
+        print(f"locusformer {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""Readers for expression matrices, sample sheets and gene annotations; parquet writers.
+
+Every reader turns a problem with the file into an :class:`~locusformer.errors.InputError`
+that names the file, so the CLI can print one line and stop before writing anything.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import zlib
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from scipy import sparse
+
+from .atomic import atomic_path
+from .errors import InputError
+
+PathLike = str | os.PathLike
+
+TEXT_SUFFIXES = {".csv": ",", ".tsv": "\t", ".txt": "\t", ".tab": "\t"}
+
+
+def _strip_gz(path: Path) -> tuple[str, bool]:
+    suffixes = [s.lower() for s in path.suffixes]
+    compressed = bool(suffixes) and suffixes[-1] == ".gz"
+    if compressed:
+        suffixes = suffixes[:-1]
+    return (suffixes[-1] if suffixes else ""), compressed
+
+
+def matrix_format(path: PathLike) -> str:
+    """Return ``"text"``, ``"parquet"`` or ``"h5ad"`` from the file name."""
+    suffix, _ = _strip_gz(Path(path))
+    if suffix in TEXT_SUFFIXES:
+        return "text"
+    if suffix in {".parquet", ".pq"}:
+        return "parquet"
+    if suffix == ".h5ad":
+        return "h5ad"
+    raise InputError(
+        path, "unsupported file type (expected .csv, .tsv, .txt, optionally .gz, .parquet or .h5ad)"
+    )
+
+
+def _read_table(path: Path, **kwargs) -> pd.DataFrame:
+    suffix, _ = _strip_gz(path)
+    sep = TEXT_SUFFIXES.get(suffix)
+    if sep is None:
+        raise InputError(path, "unsupported table type (expected .csv or .tsv, optionally .gz)")
+    if not path.is_file():
+        raise InputError(path, "file not found")
+    try:
+        # utf-8-sig drops a byte-order mark that spreadsheet exports put before the header.
+        return pd.read_csv(path, sep=sep, encoding="utf-8-sig", **kwargs)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise InputError(path, f"corrupt or truncated compressed file ({exc})") from None
+    except pd.errors.EmptyDataError:
+        raise InputError(path, "file is empty") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(path, f"cannot parse table: {first_line}") from None
+
+
+def _check_values(path: PathLike, values: np.ndarray) -> None:
+    if values.size and not np.isfinite(values).all():
+        bad = np.argwhere(~np.isfinite(values))[0]
+        raise InputError(path, f"non-finite value (NaN or infinite) at row {bad[0] + 1}")
+
+
+def _frame_to_anndata(path: Path, frame: pd.DataFrame) -> ad.AnnData:
+    """Genes x samples frame (gene ids as index) -> samples x genes AnnData."""
+    if frame.shape[0] == 0 or frame.shape[1] == 0:
+        raise InputError(path, "matrix has no genes or no samples")
+    frame.index = frame.index.map(lambda v: str(v).strip())
+    frame.columns = [str(c).strip() for c in frame.columns]
+    non_numeric = [c for c in frame.columns if not pd.api.types.is_numeric_dtype(frame[c])]
+    if non_numeric:
+        column = non_numeric[0]
+        values = pd.to_numeric(frame[column], errors="coerce")
+        row = int(np.flatnonzero(values.isna() & frame[column].notna())[:1].sum())
+        raise InputError(
+            path,
+            f"non-numeric value {frame[column].iloc[row]!r} in sample column {column!r} "
+            f"(gene {frame.index[row]!r})",
+        )
+    _check_unique(path, frame.index, "gene")
+    _check_unique(path, pd.Index(frame.columns), "sample")
+    values = frame.to_numpy(dtype=np.float64).T
+    _check_values(path, values)
+    adata = ad.AnnData(
+        X=values.astype(np.float32),
+        obs=pd.DataFrame(index=pd.Index(frame.columns, name="sample_id")),
+        var=pd.DataFrame(index=pd.Index(frame.index, name="gene_id")),
+    )
+    return adata
+
+
+def _check_unique(path: PathLike, index: pd.Index, what: str) -> None:
+    duplicated = index[index.duplicated()].unique()
+    if len(duplicated):
+        shown = ", ".join(map(repr, duplicated[:5].tolist()))
+        raise InputError(path, f"duplicate {what} ids: {shown}")
+
+
+def read_expression(path: PathLike, layer: str | None = None) -> ad.AnnData:
+    """Read an expression matrix as a samples x genes AnnData.
+
+    Parameters
+    ----------
+    path
+        Genes x samples CSV/TSV (optionally gzipped) with gene ids in the first column,
+        genes x samples parquet (gene ids in the first column or the stored index), or a
+        samples x genes ``.h5ad``.
+    layer
+        For ``.h5ad``: take the values from this layer instead of ``.X``.
+
+    Returns
+    -------
+    AnnData with ``obs_names`` = sample ids and ``var_names`` = gene ids; ``.X`` is float32,
+    sparse when the h5ad stored it sparse.
+    """
+    path = Path(path)
+    kind = matrix_format(path)
+    if not path.is_file():
+        raise InputError(path, "file not found")
+    if kind == "text":
+        frame = _read_table(path, index_col=0)
+        return _frame_to_anndata(path, frame)
+    if kind == "parquet":
+        try:
+            frame = pd.read_parquet(path)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise InputError(path, f"cannot read parquet: {exc}") from None
+        if isinstance(frame.index, pd.RangeIndex) and frame.shape[1] > 0:
+            frame = frame.set_index(frame.columns[0])
+        return _frame_to_anndata(path, frame)
+    return _read_h5ad(path, layer)
+
+
+def _read_h5ad(path: Path, layer: str | None) -> ad.AnnData:
+    try:
+        adata = ad.read_h5ad(path)
+    except Exception as exc:  # h5py and anndata raise many types for a broken file
+        raise InputError(path, f"cannot read h5ad: {type(exc).__name__}: {exc}") from None
+    if layer:
+        if layer not in adata.layers:
+            raise InputError(
+                path, f"layer {layer!r} not found (layers: {', '.join(adata.layers) or 'none'})"
+            )
+        matrix = adata.layers[layer]
+    else:
+        matrix = adata.X
+    if matrix is None or adata.n_obs == 0 or adata.n_vars == 0:
+        raise InputError(path, "matrix has no genes or no samples")
+    if sparse.issparse(matrix):
+        matrix = sparse.csr_matrix(matrix, dtype=np.float32)
+        _check_values(path, matrix.data)
+    else:
+        matrix = np.asarray(matrix, dtype=np.float32)
+        _check_values(path, matrix)
+    obs_names = pd.Index(adata.obs_names.astype(str), name="sample_id")
+    var_names = pd.Index(adata.var_names.astype(str), name="gene_id")
+    _check_unique(path, var_names, "gene")
+    _check_unique(path, obs_names, "sample")
+    return ad.AnnData(
+        X=matrix,
+        obs=pd.DataFrame(index=obs_names),
+        var=pd.DataFrame(index=var_names),
+    )
+
+
+def read_sample_sheet(path: PathLike, sample_column: str | None = None) -> pd.DataFrame:
+    """Read a sample sheet (CSV/TSV) indexed by sample id, all columns as strings.
+
+    The id column is ``sample_column`` when given, else ``sample_id`` when present, else
+    the first column.
+    """
+    path = Path(path)
+    frame = _read_table(path, dtype=str, keep_default_na=False)
+    frame.columns = [str(c).strip() for c in frame.columns]
+    if frame.shape[1] == 0 or frame.shape[0] == 0:
+        raise InputError(path, "sample sheet has no rows")
+    if sample_column is None:
+        sample_column = "sample_id" if "sample_id" in frame.columns else frame.columns[0]
+    if sample_column not in frame.columns:
+        raise InputError(path, f"sample id column {sample_column!r} not found")
+    ids = frame[sample_column].str.strip()
+    frame = frame.drop(columns=[sample_column])
+    frame.index = pd.Index(ids, name="sample_id")
+    _check_unique(path, frame.index, "sample")
+    if (frame.index == "").any():
+        raise InputError(path, "empty sample id")
+    return frame
+
+
+# -- gene annotations ---------------------------------------------------------------------
+
+ANNOTATION_COLUMNS = ["gene_id", "chrom", "start", "end"]
+_GTF_ATTRIBUTE = re.compile(r'(\S+)\s+"([^"]*)"')
+
+
+def annotation_format(path: PathLike) -> str:
+    suffix, _ = _strip_gz(Path(path))
+    if suffix in {".gtf", ".gff", ".gff2"}:
+        return "gtf"
+    if suffix == ".bed":
+        return "bed"
+    if suffix in {".tsv", ".txt", ".tab", ".csv"}:
+        return "table"
+    raise InputError(path, "unsupported annotation type (expected .tsv/.csv, .gtf or .bed)")
+
+
+def read_annotation(path: PathLike, gene_id: str) -> pd.DataFrame:
+    """Read gene coordinates as a frame with columns gene_id, chrom, start, end.
+
+    Parameters
+    ----------
+    path
+        A table with ``chrom``, ``start``, ``end`` and an id column (like the bundled
+        ``hs_gene_coordinates.tsv.gz``), a GTF (``gene`` records; ``gene_id`` names the
+        attribute) or a BED file (name column = gene id; 0-based starts made 1-based).
+    gene_id
+        Which column (table) or attribute (GTF) holds the ids that the matrix uses.
+    """
+    path = Path(path)
+    kind = annotation_format(path)
+    if not path.is_file():
+        raise InputError(path, "file not found")
+    if kind == "table":
+        frame = _read_table(path, dtype=str, keep_default_na=False)
+        missing = [c for c in ("chrom", "start", "end", gene_id) if c not in frame.columns]
+        if missing:
+            raise InputError(path, f"annotation lacks column(s): {', '.join(missing)}")
+        frame = frame.rename(columns={gene_id: "gene_id"})[ANNOTATION_COLUMNS]
+    elif kind == "bed":
+        frame = _read_bed(path)
+    else:
+        frame = _read_gtf(path, gene_id)
+    frame = frame[frame["gene_id"].astype(str).str.strip() != ""].copy()
+    frame["start"] = pd.to_numeric(frame["start"], errors="coerce")
+    frame["end"] = pd.to_numeric(frame["end"], errors="coerce")
+    frame = frame.dropna(subset=["start", "end"])
+    frame["start"] = frame["start"].astype(np.int64)
+    frame["end"] = frame["end"].astype(np.int64)
+    if frame.empty:
+        raise InputError(path, f"annotation has no usable records with a {gene_id!r} id")
+    return frame.reset_index(drop=True)
+
+
+def _read_bed(path: Path) -> pd.DataFrame:
+    try:
+        frame = pd.read_csv(
+            path, sep="\t", header=None, comment="#", dtype=str, usecols=[0, 1, 2, 3]
+        )
+    except (ValueError, pd.errors.ParserError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise InputError(path, f"cannot parse BED (need at least 4 columns): {exc}") from None
+    frame.columns = ["chrom", "start", "end", "gene_id"]
+    frame = frame[~frame["chrom"].str.startswith(("track", "browser"))]
+    frame["start"] = pd.to_numeric(frame["start"], errors="coerce") + 1
+    return frame
+
+
+def _read_gtf(path: Path, gene_id: str) -> pd.DataFrame:
+    try:
+        frame = pd.read_csv(
+            path, sep="\t", header=None, comment="#", dtype=str, usecols=[0, 2, 3, 4, 8]
+        )
+    except (ValueError, pd.errors.ParserError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise InputError(path, f"cannot parse GTF (need 9 columns): {exc}") from None
+    frame.columns = ["chrom", "feature", "start", "end", "attributes"]
+    genes = frame[frame["feature"] == "gene"]
+    if genes.empty:
+        raise InputError(path, "GTF has no 'gene' records")
+    ids = genes["attributes"].map(lambda text: dict(_GTF_ATTRIBUTE.findall(text)).get(gene_id))
+    if ids.isna().all():
+        raise InputError(path, f"GTF gene records have no {gene_id!r} attribute")
+    return pd.DataFrame(
+        {"gene_id": ids, "chrom": genes["chrom"], "start": genes["start"], "end": genes["end"]}
+    ).dropna(subset=["gene_id"])
+
+
+# -- writers ------------------------------------------------------------------------------
+
+
+def write_matrix_parquet(
+    path: PathLike, matrix: np.ndarray, sample_ids: pd.Index, gene_ids: pd.Index
+) -> None:
+    """Atomically write a samples x genes float32 matrix as parquet (index ``sample_id``)."""
+    frame = pd.DataFrame(
+        np.asarray(matrix, dtype=np.float32),
+        index=pd.Index(sample_ids.astype(str), name="sample_id"),
+        columns=pd.Index(gene_ids.astype(str)),
+    )
+    with atomic_path(path) as tmp:
+        frame.to_parquet(tmp, engine="pyarrow", compression="zstd")
+
+
+def read_matrix_parquet(path: PathLike) -> pd.DataFrame:
+    """Read a samples x genes parquet written by :func:`write_matrix_parquet`."""
+    try:
+        return pd.read_parquet(path, engine="pyarrow")
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(path, f"cannot read parquet: {exc}") from None
+
+
+def write_frame_parquet(path: PathLike, frame: pd.DataFrame) -> None:
+    """Atomically write a table as parquet."""
+    with atomic_path(path) as tmp:
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp)
+
+
+def write_tsv(path: PathLike, frame: pd.DataFrame, index: bool = True) -> None:
+    """Atomically write a table as TSV."""
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, sep="\t", index=index)

@@ -1,0 +1,113 @@
+import json
+import os
+import shlex
+from pathlib import Path
+
+import pandas as pd
+from snakemake.utils import validate
+
+validate(config, schema="../schemas/config.schema.yaml")
+
+
+def read_datasets(path):
+    """The datasets sheet, validated row by row; empty cells become the schema defaults."""
+    try:
+        sheet = pd.read_csv(
+            path, sep="\t", dtype=str, keep_default_na=False, comment="#"
+        )
+    except FileNotFoundError:
+        raise ValueError(f"{path}: datasets sheet not found")
+    sheet.columns = [c.strip() for c in sheet.columns]
+    sheet = sheet.map(str.strip)
+    for column in list(sheet.columns):
+        if (sheet[column] == "").all():
+            sheet = sheet.drop(columns=column)
+    if sheet.empty:
+        raise ValueError(f"{path}: the datasets sheet lists no dataset")
+    if sheet["name"].duplicated().any():
+        twice = sheet.loc[sheet["name"].duplicated(), "name"].tolist()
+        raise ValueError(f"{path}: dataset name(s) listed twice: {', '.join(twice)}")
+    rows = []
+    for _, row in sheet.iterrows():
+        record = pd.DataFrame([{k: v for k, v in row.items() if v != ""}])
+        validate(record, schema="../schemas/datasets.schema.yaml")
+        rows.append(record)
+    return pd.concat(rows, ignore_index=True).set_index("name", drop=False)
+
+
+DATASETS = read_datasets(config["datasets"])
+SEED = config["seed"]
+
+# Jobs run `python -m locusformer` from the workflow's own src/, so results never depend
+# on which locusformer happens to be installed in the environment (venv, conda env or
+# cluster node) that runs a job. Jobs inherit this process's environment, and a job on a
+# cluster node parses this file again, so the path is set there too.
+SRC = str(Path(workflow.basedir).parent / "src")
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [SRC]
+    + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != SRC]
+)
+
+
+wildcard_constraints:
+    dataset="|".join(DATASETS.index.map(lambda name: name.replace(".", r"\."))),
+
+
+def dataset(wildcards):
+    return DATASETS.loc[wildcards.dataset]
+
+
+def optional(value, flag):
+    """``--flag value`` (shell-quoted) when value is set, else nothing."""
+    if value is None or pd.isna(value) or value == "":
+        return ""
+    return f"{flag} {shlex.quote(str(value))}"
+
+
+def get_expression(wildcards):
+    return dataset(wildcards)["expression"]
+
+
+def get_samples(wildcards):
+    return dataset(wildcards)["samples"]
+
+
+def get_genes(wildcards):
+    return dataset(wildcards)["genes"]
+
+
+def get_normalize_args(wildcards):
+    row = dataset(wildcards)
+    return " ".join(
+        [
+            f"--batch-key {shlex.quote(row['batch_key'])}",
+            optional(row.get("label_key"), "--label-key"),
+            optional(row.get("layer"), "--layer"),
+            optional(row.get("sample_column"), "--sample-column"),
+            f"--value-type {row['value_type']}",
+        ]
+    )
+
+
+def get_batch_key(wildcards):
+    return shlex.quote(dataset(wildcards)["batch_key"])
+
+
+def get_gene_id(wildcards):
+    return shlex.quote(dataset(wildcards)["gene_id"])
+
+
+def get_train_params():
+    return shlex.quote(
+        json.dumps({"model": config["model"], "train": config["training"]})
+    )
+
+
+def get_final_outputs():
+    return expand(
+        [
+            "results/{dataset}/corrected.parquet",
+            "results/{dataset}/latent.parquet",
+        ],
+        dataset=DATASETS.index,
+    )

@@ -1,0 +1,72 @@
+TRAIN_RESOURCES = config["resources"]["train"]
+
+
+rule train:
+    input:
+        matrix="results/{dataset}/ordered.parquet",
+        loci="results/{dataset}/loci.parquet",
+        samples="results/{dataset}/samples.tsv",
+    output:
+        weights="results/{dataset}/model/model.pt",
+        config="results/{dataset}/model/model.json",
+        history="results/{dataset}/model/history.tsv",
+    log:
+        "logs/{dataset}/train.log",
+    benchmark:
+        "benchmarks/out/{dataset}/train.tsv"
+    conda:
+        "../envs/locusformer.yaml"
+    threads: TRAIN_RESOURCES["threads"]
+    resources:
+        gpu=TRAIN_RESOURCES["gpu"],
+        cpus_per_gpu=TRAIN_RESOURCES["cpus_per_gpu"],
+        mem_mb=TRAIN_RESOURCES["mem_mb"],
+        runtime=TRAIN_RESOURCES["runtime"],
+    params:
+        batch_key=get_batch_key,
+        train_params=get_train_params(),
+        seed=SEED,
+        device=config["device"],
+        # Outside the declared outputs: Snakemake deletes those when a job fails, and a
+        # retry or rerun must find the checkpoint to continue where training stopped.
+        checkpoint="results/{dataset}/checkpoints/train.pt",
+    shell:
+        "OMP_NUM_THREADS={threads} python -m locusformer train --matrix {input.matrix:q}"
+        " --loci {input.loci:q} --samples {input.samples:q} --batch-key {params.batch_key}"
+        " --params {params.train_params} --seed {params.seed} --device {params.device}"
+        " --checkpoint {params.checkpoint:q} --out-weights {output.weights:q}"
+        " --out-config {output.config:q} --out-history {output.history:q} 2> {log:q}"
+
+
+rule correct:
+    input:
+        matrix="results/{dataset}/ordered.parquet",
+        samples="results/{dataset}/samples.tsv",
+        weights="results/{dataset}/model/model.pt",
+        config="results/{dataset}/model/model.json",
+    output:
+        corrected="results/{dataset}/corrected.parquet",
+        latent="results/{dataset}/latent.parquet",
+        h5ad="results/{dataset}/locusformer.h5ad",
+    log:
+        "logs/{dataset}/correct.log",
+    benchmark:
+        "benchmarks/out/{dataset}/correct.tsv"
+    conda:
+        "../envs/locusformer.yaml"
+    threads: 2
+    resources:
+        mem_mb=4000,
+    params:
+        batch_key=get_batch_key,
+        reference=shlex.quote(config["correct"]["reference"]),
+        residual="--add-residual" if config["correct"]["add_residual"] else "",
+        chunk_size=config["correct"]["chunk_size"],
+        device=config["device"],
+    shell:
+        "OMP_NUM_THREADS={threads} python -m locusformer correct --matrix {input.matrix:q}"
+        " --samples {input.samples:q} --batch-key {params.batch_key}"
+        " --weights {input.weights:q} --config {input.config:q}"
+        " --reference {params.reference} {params.residual} --chunk-size {params.chunk_size}"
+        " --device {params.device} --out-corrected {output.corrected:q}"
+        " --out-latent {output.latent:q} --out-h5ad {output.h5ad:q} 2> {log:q}"

@@ -1,0 +1,50 @@
+rule normalize:
+    input:
+        expression=get_expression,
+        samples=get_samples,
+    output:
+        matrix="results/{dataset}/normalized.parquet",
+        counts="results/{dataset}/counts.parquet",
+        samples="results/{dataset}/samples.tsv",
+        stats="results/{dataset}/stats/normalize.json",
+    log:
+        "logs/{dataset}/normalize.log",
+    benchmark:
+        "benchmarks/out/{dataset}/normalize.tsv"
+    conda:
+        "../envs/locusformer.yaml"
+    params:
+        args=get_normalize_args,
+        target_sum=config["normalize"]["target_sum"],
+        min_samples=config["normalize"]["min_samples"],
+        n_top_genes=config["normalize"]["n_top_genes"],
+    shell:
+        "python -m locusformer normalize --expression {input.expression:q} --samples {input.samples:q}"
+        " {params.args} --target-sum {params.target_sum} --min-samples {params.min_samples}"
+        " --n-top-genes {params.n_top_genes} --out-matrix {output.matrix:q}"
+        " --out-counts {output.counts:q} --out-samples {output.samples:q}"
+        " --out-stats {output.stats:q} 2> {log:q}"
+
+
+rule order_loci:
+    input:
+        matrix="results/{dataset}/normalized.parquet",
+        genes=get_genes,
+    output:
+        loci="results/{dataset}/loci.parquet",
+        matrix="results/{dataset}/ordered.parquet",
+        stats="results/{dataset}/stats/loci.json",
+    log:
+        "logs/{dataset}/order_loci.log",
+    benchmark:
+        "benchmarks/out/{dataset}/order_loci.tsv"
+    conda:
+        "../envs/locusformer.yaml"
+    params:
+        gene_id=get_gene_id,
+        unplaced=config["loci"]["unplaced"],
+    shell:
+        "python -m locusformer order-loci --matrix {input.matrix:q} --genes {input.genes:q}"
+        " --gene-id {params.gene_id} --unplaced {params.unplaced}"
+        " --out-loci {output.loci:q} --out-matrix {output.matrix:q}"
+        " --out-stats {output.stats:q} 2> {log:q}"
