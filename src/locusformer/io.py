@@ -6,6 +6,7 @@ that names the file, so the CLI can print one line and stop before writing anyth
 
 from __future__ import annotations
 
+import csv
 import gzip
 import os
 import re
@@ -66,6 +67,17 @@ def _read_table(path: Path, **kwargs) -> pd.DataFrame:
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(path, f"cannot parse table: {first_line}") from None
+
+
+def _header_fields(path: Path) -> list[str]:
+    suffix, compressed = _strip_gz(path)
+    opener = gzip.open if compressed else open
+    try:
+        with opener(path, "rt", encoding="utf-8-sig", newline="") as handle:
+            row = next(csv.reader(handle, delimiter=TEXT_SUFFIXES[suffix]), [])
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
+        raise InputError(path, f"cannot read header: {exc}") from None
+    return [field.strip() for field in row]
 
 
 def _check_values(path: PathLike, values: np.ndarray) -> None:
@@ -132,6 +144,9 @@ def read_expression(path: PathLike, layer: str | None = None) -> ad.AnnData:
         raise InputError(path, "file not found")
     if kind == "text":
         frame = _read_table(path, index_col=0)
+        # pandas renames a repeated column ("a", "a.1"); the header itself tells the truth.
+        header = _header_fields(path)
+        _check_unique(path, pd.Index(header[-frame.shape[1] :] if frame.shape[1] else []), "sample")
         return _frame_to_anndata(path, frame)
     if kind == "parquet":
         try:

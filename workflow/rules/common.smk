@@ -43,10 +43,8 @@ SEED = config["seed"]
 # cluster node) that runs a job. Jobs inherit this process's environment, and a job on a
 # cluster node parses this file again, so the path is set there too.
 SRC = str(Path(workflow.basedir).parent / "src")
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    [SRC]
-    + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != SRC]
-)
+_inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p != SRC]
+os.environ.update(PYTHONPATH=os.pathsep.join([SRC, *filter(None, _inherited)]))
 
 
 wildcard_constraints:

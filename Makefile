@@ -1,0 +1,39 @@
+# Two commands on a fresh machine with Python 3.11+:
+#   make run    the whole workflow on the bundled demo (results/index.html)
+#   make test   the test suite
+# Both create .venv with the pinned dependencies (requirements.lock) when it is missing.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(abspath $(VENV))/bin
+STAMP  := $(VENV)/.installed
+CORES  ?= all
+# Jobs call `python -m locusformer`: the venv's python must come first on PATH.
+export PATH := $(BIN):$(PATH)
+
+.PHONY: run test lint lock clean
+
+$(STAMP): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev,scvi,slurm]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/snakemake --cores $(CORES)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/snakefmt --check workflow
+	$(BIN)/snakemake --lint
+
+lock: $(STAMP)
+	$(BIN)/python -m pip freeze --exclude-editable | sed 's/+cpu$$//' > requirements.lock.new
+	mv requirements.lock.new requirements.lock
+
+clean:
+	rm -rf results logs benchmarks/out .snakemake

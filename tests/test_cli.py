@@ -1,0 +1,129 @@
+"""Every step refuses bad input with one line naming the file, exit 2 and no output."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from locusformer.cli import main
+
+
+def _normalize(tmp_path, matrix_path, sheet_path, *extra):
+    out = tmp_path / "out"
+    argv = [
+        "normalize",
+        "--expression", str(matrix_path),
+        "--samples", str(sheet_path),
+        "--batch-key", "batch",
+        "--value-type", "counts",
+        "--min-samples", "1",
+        "--out-matrix", str(out / "normalized.parquet"),
+        "--out-counts", str(out / "counts.parquet"),
+        "--out-samples", str(out / "samples.tsv"),
+        "--out-stats", str(out / "stats.json"),
+        *extra,
+    ]  # fmt: skip
+    return main(argv), out
+
+
+def _assert_refused(code, out, capsys, *fragments):
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    message = [line for line in err if "error:" in line]
+    assert len(message) == 1, err
+    for fragment in fragments:
+        assert fragment in message[0]
+    assert not out.exists() or not any(out.iterdir()), "no partial output"
+
+
+def test_normalize_and_order_loci_write_their_outputs(tmp_path, counts_dataset):
+    code, out = _normalize(
+        tmp_path,
+        counts_dataset["matrix_path"],
+        counts_dataset["sheet_path"],
+        "--label-key",
+        "group",
+    )
+    assert code == 0
+    normalized = pd.read_parquet(out / "normalized.parquet")
+    assert normalized.shape == (24, 60) and normalized.index.name == "sample_id"
+    assert (normalized.dtypes == np.float32).all()
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["samples_per_label"] == {"g1": 12, "g2": 12}
+    samples = pd.read_csv(out / "samples.tsv", sep="\t")
+    assert samples.columns.tolist() == ["sample_id", "batch", "group"]
+    counts = pd.read_parquet(out / "counts.parquet")
+    np.testing.assert_array_equal(
+        counts.to_numpy(), counts_dataset["matrix"].loc[counts.columns].T.to_numpy()
+    )
+    code = main(
+        [
+            "order-loci",
+            "--matrix", str(out / "normalized.parquet"),
+            "--genes", "resources/hs_gene_coordinates.tsv.gz",
+            "--gene-id", "ensembl_id",
+            "--out-loci", str(out / "loci.parquet"),
+            "--out-matrix", str(out / "ordered.parquet"),
+            "--out-stats", str(out / "loci.json"),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    loci = pd.read_parquet(out / "loci.parquet")
+    ordered = pd.read_parquet(out / "ordered.parquet")
+    assert ordered.columns.tolist() == loci["gene_id"].tolist()
+    assert sorted(ordered.columns) == sorted(normalized.columns)
+    np.testing.assert_array_equal(ordered[normalized.columns].to_numpy(), normalized.to_numpy())
+
+
+@pytest.mark.parametrize(
+    ("edit", "fragments"),
+    [
+        (lambda m, s: (m.assign(s00="x"), s), ["counts.csv", "non-numeric value 'x'"]),
+        (lambda m, s: (m.assign(s00=np.nan), s), ["counts.csv", "non-finite value"]),
+        (lambda m, s: (m.assign(s00=-1), s), ["counts.csv", "negative values"]),
+        (lambda m, s: (m, s.iloc[:-2]), ["samples.tsv", "2 sample(s) of", "'s22', 's23'"]),
+        (lambda m, s: (m.iloc[:, :-1], s), ["counts.csv", "missing from the matrix", "'s23'"]),
+        (lambda m, s: (m, s.drop(columns="batch")), ["samples.tsv", "'batch' not found"]),
+        (lambda m, s: (m, s.assign(batch="b1")), ["samples.tsv", "at least 2 are needed"]),
+        (lambda m, s: (pd.concat([m, m.iloc[:1]]), s), ["counts.csv", "duplicate gene ids"]),
+        (
+            lambda m, s: (m, pd.concat([s, s.iloc[:1]])),
+            ["samples.tsv", "duplicate sample ids: 's00'"],
+        ),
+        (lambda m, s: (m * 0, s), ["counts.csv", "no gene is expressed"]),
+    ],
+)
+def test_normalize_refuses_bad_input(tmp_path, capsys, counts_dataset, edit, fragments):
+    matrix, sheet = edit(counts_dataset["matrix"].copy(), counts_dataset["sheet"].copy())
+    matrix.to_csv(counts_dataset["matrix_path"])
+    sheet.to_csv(counts_dataset["sheet_path"], sep="\t", index=False)
+    code, out = _normalize(tmp_path, counts_dataset["matrix_path"], counts_dataset["sheet_path"])
+    _assert_refused(code, out, capsys, *fragments)
+
+
+def test_missing_label_column_is_refused(tmp_path, capsys, counts_dataset):
+    code, out = _normalize(
+        tmp_path, counts_dataset["matrix_path"], counts_dataset["sheet_path"], "--label-key", "cell"
+    )
+    _assert_refused(code, out, capsys, "samples.tsv", "label_key column 'cell' not found")
+
+
+def test_order_loci_refuses_when_no_gene_is_placed(tmp_path, capsys, counts_dataset):
+    code, out = _normalize(tmp_path, counts_dataset["matrix_path"], counts_dataset["sheet_path"])
+    assert code == 0
+    loci_out = tmp_path / "loci"
+    code = main(
+        [
+            "order-loci",
+            "--matrix", str(out / "normalized.parquet"),
+            "--genes", "resources/hs_gene_coordinates.tsv.gz",
+            "--gene-id", "symbol",
+            "--out-loci", str(loci_out / "loci.parquet"),
+            "--out-matrix", str(loci_out / "ordered.parquet"),
+            "--out-stats", str(loci_out / "loci.json"),
+        ]
+    )  # fmt: skip
+    _assert_refused(code, loci_out, capsys, "hs_gene_coordinates.tsv.gz", "no gene of the matrix")
