@@ -86,5 +86,5 @@ def test_ensembl_versions_and_symbol_case_match():
 
 
 def test_no_gene_placed_is_refused():
-    with pytest.raises(InputError, match="no gene of the matrix .* matched by 'symbol'"):
+    with pytest.raises(InputError, match=r"no gene of the matrix .* matched by .symbol."):
         order_loci(["A", "B"], ANNOTATION, "symbol", source="genes.tsv")
