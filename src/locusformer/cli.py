@@ -158,6 +158,102 @@ def _correct(args: argparse.Namespace) -> None:
     )
 
 
+# -- scoring and reports -------------------------------------------------------------------
+
+
+def _pairs(values: Sequence[str] | None, flag: str) -> dict[str, str]:
+    """``["a=x", "b=y"]`` -> ``{"a": "x", "b": "y"}`` for repeatable NAME=PATH options."""
+    pairs = {}
+    for value in values or []:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise InputError(flag, f"expected NAME=PATH, got {value!r}")
+        pairs[name] = path
+    return pairs
+
+
+@_command("baseline")
+def _baseline(args: argparse.Namespace) -> None:
+    from .baselines import run_baseline
+
+    run_baseline(
+        args.method,
+        args.matrix,
+        args.samples,
+        args.batch_key,
+        args.label_key,
+        args.out,
+        seed=args.seed,
+        counts_path=args.counts,
+    )
+
+
+@_command("locusformer-result")
+def _locusformer_result(args: argparse.Namespace) -> None:
+    import anndata as ad
+
+    from .baselines import make_result, write_result
+
+    corrected = ad.read_h5ad(args.h5ad)
+    keys = [args.batch_key, args.label_key]
+    if args.representation == "matrix":
+        result = make_result(
+            corrected.layers["corrected"],
+            method=args.method,
+            representation="matrix",
+            obs=corrected.obs,
+            var_names=corrected.var_names,
+            batch_key=keys[0],
+            label_key=keys[1],
+        )
+    else:
+        result = make_result(
+            None,
+            method=args.method,
+            representation="embedding",
+            obs=corrected.obs,
+            embedding=corrected.obsm["X_locusformer"],
+            batch_key=keys[0],
+            label_key=keys[1],
+        )
+    write_result(result, args.out)
+
+
+@_command("metrics")
+def _metrics(args: argparse.Namespace) -> None:
+    from .metrics import run_metrics
+
+    run_metrics(
+        args.result,
+        args.uncorrected,
+        args.batch_key,
+        args.label_key,
+        args.out,
+        method=args.method,
+        seed=args.seed,
+    )
+
+
+@_command("aggregate-metrics")
+def _aggregate(args: argparse.Namespace) -> None:
+    from .metrics import aggregate_metrics
+
+    aggregate_metrics(args.tables, args.out)
+
+
+@_command("summarize")
+def _summarize(args: argparse.Namespace) -> None:
+    from .metrics import summarize
+
+    benchmarks: dict[tuple[str, str], list[str]] = {}
+    for key, path in _pairs(args.benchmark, "--benchmark").items():
+        dataset, sep, method = key.partition("/")
+        if not sep:
+            raise InputError("--benchmark", f"expected DATASET/METHOD=PATH, got {key!r}")
+        benchmarks.setdefault((dataset, method), []).append(path)
+    summarize(_pairs(args.metrics, "--metrics"), benchmarks, args.out)
+
+
 # -- parser --------------------------------------------------------------------------------
 
 
@@ -218,6 +314,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-corrected", required=True)
     p.add_argument("--out-latent", required=True)
     p.add_argument("--out-h5ad", required=True)
+
+    p = commands.add_parser("baseline", help="run an established method on the data")
+    p.add_argument("--method", required=True, choices=["uncorrected", "combat", "harmony", "scvi"])
+    p.add_argument("--matrix", required=True, help="ordered.parquet")
+    p.add_argument("--samples", required=True)
+    p.add_argument("--counts", default=None, help="counts.parquet (scVI)")
+    p.add_argument("--batch-key", required=True)
+    p.add_argument("--label-key", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+
+    p = commands.add_parser("locusformer-result", help="LocusFormer output as a scored result")
+    p.add_argument("--h5ad", required=True, help="locusformer.h5ad from correct")
+    p.add_argument("--method", required=True)
+    p.add_argument("--representation", required=True, choices=["matrix", "embedding"])
+    p.add_argument("--batch-key", required=True)
+    p.add_argument("--label-key", default=None)
+    p.add_argument("--out", required=True)
+
+    p = commands.add_parser("metrics", help="scIB metrics of one method")
+    p.add_argument("--result", required=True)
+    p.add_argument("--uncorrected", required=True)
+    p.add_argument("--method", required=True)
+    p.add_argument("--batch-key", required=True)
+    p.add_argument("--label-key", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+
+    p = commands.add_parser("aggregate-metrics", help="one dataset's metrics.tsv")
+    p.add_argument("tables", nargs="+")
+    p.add_argument("--out", required=True)
+
+    p = commands.add_parser("summarize", help="summary.tsv over all datasets")
+    p.add_argument("--metrics", action="append", help="DATASET=metrics.tsv", required=True)
+    p.add_argument("--benchmark", action="append", help="DATASET/METHOD=benchmark.tsv")
+    p.add_argument("--out", required=True)
     return parser
 
 

@@ -102,10 +102,43 @@ def get_train_params():
 
 
 def get_final_outputs():
-    return expand(
-        [
-            "results/{dataset}/corrected.parquet",
-            "results/{dataset}/latent.parquet",
-        ],
-        dataset=DATASETS.index,
-    )
+    return [
+        *expand(
+            ["results/{dataset}/corrected.parquet", "results/{dataset}/latent.parquet"],
+            dataset=DATASETS.index,
+        ),
+        "results/summary.tsv",
+    ]
+
+
+BASELINES = ["uncorrected", *config["baselines"]]
+# LocusFormer is scored twice: its corrected matrix and its batch-free latent.
+LOCUSFORMER_METHODS = {"locusformer": "matrix", "locusformer_latent": "embedding"}
+
+
+def methods():
+    return [*BASELINES, *LOCUSFORMER_METHODS]
+
+
+def get_label_arg(wildcards):
+    return optional(dataset(wildcards).get("label_key"), "--label-key")
+
+
+def get_counts_arg(wildcards, input):
+    return f"--counts {shlex.quote(input.counts)}" if wildcards.method == "scvi" else ""
+
+
+def get_method_tables(wildcards):
+    return expand("results/{{dataset}}/metrics/{method}.tsv", method=methods())
+
+
+def get_benchmarks():
+    """``DATASET/METHOD=benchmark.tsv`` pairs: the rules whose time a method costs."""
+    pairs = []
+    for name in DATASETS.index:
+        for method in BASELINES:
+            pairs.append((name, method, f"benchmarks/out/{name}/baseline_{method}.tsv"))
+        for method in LOCUSFORMER_METHODS:
+            for step in ("train", "correct"):
+                pairs.append((name, method, f"benchmarks/out/{name}/{step}.tsv"))
+    return pairs

@@ -1,0 +1,49 @@
+rule baseline:
+    input:
+        matrix="results/{dataset}/ordered.parquet",
+        samples="results/{dataset}/samples.tsv",
+        counts="results/{dataset}/counts.parquet",
+    output:
+        "results/{dataset}/integrated/{method}.h5ad",
+    log:
+        "logs/{dataset}/baseline_{method}.log",
+    benchmark:
+        "benchmarks/out/{dataset}/baseline_{method}.tsv"
+    wildcard_constraints:
+        method="|".join(BASELINES),
+    conda:
+        "../envs/locusformer.yaml"
+    threads: 2
+    params:
+        batch_key=get_batch_key,
+        label=get_label_arg,
+        counts=get_counts_arg,
+        seed=SEED,
+    shell:
+        "OMP_NUM_THREADS={threads} python -m locusformer baseline --method {wildcards.method}"
+        " --matrix {input.matrix:q} --samples {input.samples:q} {params.counts}"
+        " --batch-key {params.batch_key} {params.label} --seed {params.seed}"
+        " --out {output:q} 2> {log:q}"
+
+
+rule locusformer_result:
+    input:
+        "results/{dataset}/locusformer.h5ad",
+    output:
+        "results/{dataset}/integrated/{method}.h5ad",
+    log:
+        "logs/{dataset}/result_{method}.log",
+    benchmark:
+        "benchmarks/out/{dataset}/result_{method}.tsv"
+    wildcard_constraints:
+        method="|".join(LOCUSFORMER_METHODS),
+    conda:
+        "../envs/locusformer.yaml"
+    params:
+        representation=lambda wildcards: LOCUSFORMER_METHODS[wildcards.method],
+        batch_key=get_batch_key,
+        label=get_label_arg,
+    shell:
+        "python -m locusformer locusformer-result --h5ad {input:q} --method {wildcards.method}"
+        " --representation {params.representation} --batch-key {params.batch_key}"
+        " {params.label} --out {output:q} 2> {log:q}"
