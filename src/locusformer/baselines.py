@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 METHODS: tuple[str, ...] = ("uncorrected", "combat", "harmony", "scvi")
 EMBEDDING_KEY = "X_emb"
 MAX_PCS = 50
+#: scVI training epochs; None = scvi-tools' default (depends on the number of samples)
+SCVI_MAX_EPOCHS: int | None = None
 
 Representation = Literal["matrix", "embedding"]
 
@@ -84,7 +86,7 @@ def make_result(
 
     x: np.ndarray | None
     if isinstance(data, ad.AnnData):
-        x = None if data.X is None else np.asarray(data.X)
+        x = None if data.X is None else _dense(data.X)
         obs = data.obs if obs is None else obs
         var_names = list(data.var_names) if var_names is None else var_names
     elif isinstance(data, pd.DataFrame):
@@ -231,9 +233,13 @@ def _check_finite(method: str, x: np.ndarray) -> None:
 def _uncorrected(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData:
     x = _dense(adata.X).astype(np.float32)
     return make_result(
-        x, method="uncorrected", representation="matrix", obs=adata.obs,
-        var_names=adata.var_names, batch_key=batch_key,
-    )  # fmt: skip
+        x,
+        method="uncorrected",
+        representation="matrix",
+        obs=adata.obs,
+        var_names=adata.var_names,
+        batch_key=batch_key,
+    )
 
 
 def _combat(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData:
@@ -324,9 +330,7 @@ def scvi_available() -> bool:
 
 def _scvi(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData:
     if counts is None:
-        raise InputError(
-            "scvi", "needs raw counts (counts.parquet); this dataset has no counts"
-        )
+        raise InputError("scvi", "needs raw counts (counts.parquet); this dataset has no counts")
     try:
         import scvi
     except Exception as exc:
@@ -360,7 +364,7 @@ def _scvi(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData:
     scvi.model.SCVI.setup_anndata(work, batch_key=batch_key)
     n_latent = max(2, min(10, work.n_obs - 1))
     model = scvi.model.SCVI(work, n_latent=n_latent)
-    model.train(accelerator="cpu", enable_progress_bar=False)
+    model.train(max_epochs=SCVI_MAX_EPOCHS, accelerator="cpu", enable_progress_bar=False)
     z = np.asarray(model.get_latent_representation())
     _check_finite("scVI", z)
     return make_result(
@@ -457,7 +461,8 @@ def load_normalized(
     missing = matrix.index.difference(samples.index)
     if len(missing):
         raise InputError(
-            samples_path, f"{len(missing)} samples of {ordered_path} are missing, e.g. {missing[0]!r}"
+            samples_path,
+            f"{len(missing)} samples of {ordered_path} are missing, e.g. {missing[0]!r}",
         )
     obs = samples.loc[matrix.index].copy()
     if obs[batch_key].isna().any():
@@ -495,7 +500,9 @@ def run_baseline(
 
     try:
         if method == "scvi" and counts is None:
-            raise RuntimeError("scVI needs raw counts; this dataset has none (value_type is not counts)")
+            raise RuntimeError(
+                "scVI needs raw counts; this dataset has none (value_type is not counts)"
+            )
         result = run_method(method, adata, batch_key, seed, counts=counts)
     except Exception as exc:
         # the uncorrected "method" cannot fail on readable input: anything here is a bug

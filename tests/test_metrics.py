@@ -1,0 +1,339 @@
+"""scIB metrics: agreement with scib-metrics, small studies, no labels, failures, files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pytest
+import scib_metrics
+from sklearn.decomposition import PCA
+from sklearn.neighbors import NearestNeighbors
+
+from locusformer import metrics
+from locusformer.baselines import failed_result, make_result, run_method, write_result
+from locusformer.errors import InputError
+from locusformer.metrics import (
+    compute_neighbors,
+    neighbor_sizes,
+    score_method,
+    scoring_representation,
+    within_batch_knn_jaccard,
+)
+
+BIO = ["Isolated labels", "KMeans NMI", "KMeans ARI", "Silhouette label", "cLISI"]
+SIL = "BRAS" if hasattr(scib_metrics, "bras") else "Silhouette batch"
+BATCH = [SIL, "iLISI", "KBET", "Graph connectivity", "PCR comparison"]
+AGG = ["Batch correction", "Bio conservation", "Total"]
+
+
+def synthetic(
+    n_per: int = 30,
+    groups: int = 3,
+    batches: int = 2,
+    genes: int = 100,
+    shift: float = 1.0,
+    seed: int = 0,
+) -> ad.AnnData:
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(0, 2, (groups, genes))
+    shifts = rng.normal(0, shift, (batches, genes))
+    x, rows = [], []
+    for b in range(batches):
+        for g in range(groups):
+            for k in range(n_per):
+                x.append(5 + centers[g] + shifts[b] + rng.normal(0, 1, genes))
+                rows.append((f"s{b}_{g}_{k}", f"b{b}", f"t{g}"))
+    obs = pd.DataFrame(rows, columns=["sample_id", "batch", "cell_type"]).set_index("sample_id")
+    adata = ad.AnnData(np.asarray(x, dtype=np.float32), obs=obs)
+    adata.var_names = [f"G{i:03d}" for i in range(genes)]
+    return adata
+
+
+@pytest.fixture(scope="module")
+def data() -> dict:
+    adata = synthetic()
+    return {
+        "adata": adata,
+        "uncorrected": run_method("uncorrected", adata, "batch", seed=0),
+        "combat": run_method("combat", adata, "batch", seed=0),
+    }
+
+
+def values(df: pd.DataFrame) -> dict[str, float]:
+    return dict(zip(df["metric"], df["value"], strict=True))
+
+
+def scib_direct(x: np.ndarray, x_pre: np.ndarray, labels, batches) -> dict[str, float]:
+    """The scIB metrics called straight from scib-metrics on the same embedding and kNN."""
+    nn = compute_neighbors(x, 90)
+    km = scib_metrics.nmi_ari_cluster_labels_kmeans(x, labels)
+    sil = scib_metrics.bras if hasattr(scib_metrics, "bras") else scib_metrics.silhouette_batch
+    return {
+        "Isolated labels": scib_metrics.isolated_labels(x, labels, batches),
+        "KMeans NMI": km["nmi"],
+        "KMeans ARI": km["ari"],
+        "Silhouette label": scib_metrics.silhouette_label(x, labels),
+        "cLISI": scib_metrics.clisi_knn(nn, labels),
+        SIL: sil(x, labels, batches),
+        "iLISI": scib_metrics.ilisi_knn(nn, batches),
+        "KBET": scib_metrics.kbet_per_label(nn.subset_neighbors(50), batches, labels),
+        "Graph connectivity": scib_metrics.graph_connectivity(nn.subset_neighbors(15), labels),
+        "PCR comparison": scib_metrics.pcr_comparison(x_pre, x, batches, categorical=True),
+    }
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+def test_neighbor_sizes_adapt_to_small_studies() -> None:
+    assert neighbor_sizes(1000) == metrics.NeighborSizes(15, 50, 90)
+    assert neighbor_sizes(50) == metrics.NeighborSizes(15, 49, 49)
+    assert neighbor_sizes(12) == metrics.NeighborSizes(11, 11, 11)
+
+
+def test_scored_representation_is_the_pca_of_the_corrected_matrix(data) -> None:
+    rep = scoring_representation(data["combat"], seed=0)
+    x = np.asarray(data["combat"].X, dtype=np.float64)
+    assert rep.shape == (x.shape[0], 50)  # min(50, n - 1, genes - 1)
+    ref = PCA(n_components=50, svd_solver="full").fit_transform(x)
+    # same components up to sign
+    np.testing.assert_allclose(np.abs(rep), np.abs(ref), rtol=1e-3, atol=1e-3)
+    small = make_result(x[:20, :8], method="m", representation="matrix")
+    assert scoring_representation(small).shape == (20, 7)
+    emb = make_result(
+        None, method="e", representation="embedding", embedding=x[:, :3], obs=data["adata"].obs
+    )
+    np.testing.assert_allclose(scoring_representation(emb), x[:, :3].astype(np.float32))
+
+
+def test_neighbours_are_exact_and_include_self(data) -> None:
+    rep = scoring_representation(data["uncorrected"])
+    nn = compute_neighbors(rep, 90)
+    dist, _ = NearestNeighbors(n_neighbors=90).fit(rep).kneighbors(rep)
+    np.testing.assert_array_equal(nn.indices[:, 0], np.arange(rep.shape[0]))
+    np.testing.assert_allclose(nn.distances, dist, rtol=1e-5, atol=1e-5)
+
+
+def test_within_batch_knn_jaccard_by_hand() -> None:
+    pre = np.array([[0.0], [1.0], [3.0], [10.0], [0.0], [1.0], [5.0]])
+    post = np.array([[0.0], [1.0], [10.0], [3.0], [0.0], [1.0], [5.0]])
+    batches = np.array(["a", "a", "a", "a", "b", "b", "b"])
+    # batch a: samples 0 and 1 keep their nearest neighbour, 2 and 3 lose it -> 1, 1, 0, 0
+    # batch b: unchanged -> 1, 1, 1
+    assert within_batch_knn_jaccard(pre, post, batches, k=1) == pytest.approx(5 / 7)
+    assert within_batch_knn_jaccard(pre, pre, batches, k=15) == 1.0
+    # k = 2 in batch a: before {1,2} {0,2} {0,1} {1,2}, after {1,3} {0,3} {1,3} {0,1}:
+    # every sample keeps 1 of 3 distinct neighbours -> Jaccard 1/3 each
+    assert within_batch_knn_jaccard(pre[:4], post[:4], batches[:4], k=2) == pytest.approx(1 / 3)
+
+
+# --------------------------------------------------------------------------- agreement
+
+
+@pytest.mark.parametrize("method", ["uncorrected", "combat"])
+def test_values_agree_with_scib_metrics(data, method: str) -> None:
+    result, uncorrected = data[method], data["uncorrected"]
+    df = score_method(result, uncorrected, "batch", "cell_type", seed=0)
+    assert list(df.columns) == ["method", "metric", "type", "value", "status", "error"]
+    assert list(df["metric"]) == BIO + BATCH + AGG
+    assert set(df.loc[df["metric"].isin(BIO), "type"]) == {"bio"}
+    assert set(df.loc[df["metric"].isin(BATCH), "type"]) == {"batch"}
+    assert (df["method"] == method).all() and (df["status"] == "ok").all()
+    got = values(df)
+
+    x = scoring_representation(result, seed=0)
+    x_pre = scoring_representation(uncorrected, seed=0)
+    labels = result.obs["cell_type"].astype(str).to_numpy()
+    batches = result.obs["batch"].astype(str).to_numpy()
+    expected = scib_direct(x, x_pre, labels, batches)
+    for name, value in expected.items():
+        assert got[name] == pytest.approx(float(value), rel=1e-5, abs=1e-6), name
+
+    batch = np.mean([got[m] for m in BATCH])
+    bio = np.mean([got[m] for m in BIO])
+    assert got["Batch correction"] == pytest.approx(batch)
+    assert got["Bio conservation"] == pytest.approx(bio)
+    assert got["Total"] == pytest.approx(0.4 * batch + 0.6 * bio)
+
+
+def test_absolute_values_and_combat_beats_uncorrected_on_batch(data) -> None:
+    unc = values(score_method(data["uncorrected"], data["uncorrected"], "batch", "cell_type"))
+    com = values(score_method(data["combat"], data["uncorrected"], "batch", "cell_type"))
+    # absolute values, not min-max scaled across methods: nothing is forced to 0 or 1
+    assert 0 < unc["Batch correction"] < com["Batch correction"] < 1
+    assert unc["PCR comparison"] == pytest.approx(0.0)  # uncorrected vs itself
+    assert com["iLISI"] > unc["iLISI"] + 0.3
+
+
+def test_embedding_results_are_scored_as_they_are(data) -> None:
+    harmony = run_method("harmony", data["adata"], "batch", seed=0)
+    df = score_method(harmony, data["uncorrected"], "batch", "cell_type", seed=0)
+    got = values(df)
+    x = np.asarray(harmony.obsm["X_emb"], dtype=np.float32)
+    labels = harmony.obs["cell_type"].astype(str).to_numpy()
+    batches = harmony.obs["batch"].astype(str).to_numpy()
+    nn = compute_neighbors(x, 90)
+    assert got["iLISI"] == pytest.approx(float(scib_metrics.ilisi_knn(nn, batches)), rel=1e-5)
+    assert got["Silhouette label"] == pytest.approx(
+        float(scib_metrics.silhouette_label(x, labels)), rel=1e-5
+    )
+
+
+# --------------------------------------------------------------------------- small / no labels
+
+
+def test_a_forty_sample_study_scores() -> None:
+    adata = synthetic(n_per=10, groups=2, batches=2, genes=60, seed=1)
+    assert adata.n_obs == 40
+    unc = run_method("uncorrected", adata, "batch", seed=0)
+    com = run_method("combat", adata, "batch", seed=0)
+    for res in (unc, com):
+        df = score_method(res, unc, "batch", "cell_type", seed=0)
+        assert list(df["metric"]) == BIO + BATCH + AGG
+        assert df["value"].notna().all(), df
+        assert (df["error"] == "").all()
+    got = values(score_method(com, unc, "batch", "cell_type", seed=0))
+    x = scoring_representation(com)
+    nn = compute_neighbors(x, 39)
+    batches = com.obs["batch"].astype(str).to_numpy()
+    assert got["iLISI"] == pytest.approx(float(scib_metrics.ilisi_knn(nn, batches)), rel=1e-5)
+
+
+def test_scoring_without_labels(data) -> None:
+    unc = score_method(data["uncorrected"], data["uncorrected"], "batch", None, seed=0)
+    com = score_method(data["combat"], data["uncorrected"], "batch", None, seed=0)
+    expected = ["Within-batch kNN Jaccard", SIL, "iLISI", "KBET", "PCR comparison", *AGG]
+    assert list(unc["metric"]) == expected == list(com["metric"])
+    assert unc.loc[unc["metric"] == "Within-batch kNN Jaccard", "type"].item() == "bio"
+    u, c = values(unc), values(com)
+    assert u["Within-batch kNN Jaccard"] == 1.0
+    assert 0.3 < c["Within-batch kNN Jaccard"] < 1.0
+    assert c["Bio conservation"] == c["Within-batch kNN Jaccard"]
+    # batch metrics without labels: one pseudo-label for BRAS, global kBET
+    x = scoring_representation(data["combat"])
+    batches = data["combat"].obs["batch"].astype(str).to_numpy()
+    nn = compute_neighbors(x, 90)
+    assert c["KBET"] == pytest.approx(float(scib_metrics.kbet(nn.subset_neighbors(50), batches)[0]))
+    assert c[SIL] == pytest.approx(float(scib_metrics.bras(x, np.zeros(len(x)), batches)), rel=1e-5)
+    assert c["Batch correction"] > u["Batch correction"]
+    assert com["value"].notna().all()
+
+
+def test_a_single_label_is_scored_without_labels(data) -> None:
+    res = data["combat"].copy()
+    res.obs["cell_type"] = "same"
+    df = score_method(res, data["uncorrected"], "batch", "cell_type", seed=0)
+    assert "Within-batch kNN Jaccard" in set(df["metric"])
+
+
+def test_a_failed_method_gives_nan_rows(data) -> None:
+    failed = failed_result(
+        "combat",
+        data["adata"].obs,
+        data["adata"].var_names,
+        RuntimeError("ComBat needs at least 2 samples per batch"),
+    )
+    df = score_method(failed, data["uncorrected"], "batch", "cell_type", seed=0)
+    assert list(df["metric"]) == BIO + BATCH + AGG
+    assert df["value"].isna().all()
+    assert (df["status"] == "failed").all()
+    assert df["error"].str.contains("ComBat needs at least 2 samples").all()
+
+
+def test_non_finite_representation_is_a_failure(data) -> None:
+    emb = np.ones((data["adata"].n_obs, 3))
+    emb[0, 0] = np.nan
+    res = make_result(
+        None, method="bad", representation="embedding", embedding=emb, obs=data["adata"].obs
+    )
+    df = score_method(res, data["uncorrected"], "batch", "cell_type")
+    assert (df["status"] == "failed").all() and df["value"].isna().all()
+    assert df["error"].str.contains("non-finite").all()
+
+
+# --------------------------------------------------------------------------- files
+
+
+def write_bench(path: Path, seconds: float, rss: float) -> Path:
+    path.write_text(
+        "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+        f"{seconds}\t0:00:{int(seconds):02d}\t{rss}\t900.1\t400.2\t410.3\t0.1\t2.5\t88.0\t"
+        f"{seconds * 0.9}\n"
+    )
+    return path
+
+
+def test_files_aggregate_and_summary(tmp_path: Path, data) -> None:
+    paths = {}
+    for method in ("uncorrected", "combat"):
+        paths[method] = tmp_path / f"{method}.h5ad"
+        write_result(data[method], paths[method])
+    emb = PCA(n_components=5).fit_transform(np.asarray(data["combat"].X))
+    locus = make_result(
+        data["adata"],
+        method="locusformer",
+        representation="embedding",
+        embedding=emb,
+        batch_key="batch",
+    )
+    paths["locusformer"] = tmp_path / "locusformer.h5ad"
+    write_result(locus, paths["locusformer"])
+    paths["harmony"] = tmp_path / "harmony.h5ad"
+    write_result(
+        failed_result("harmony", data["adata"].obs, data["adata"].var_names, "boom"),
+        paths["harmony"],
+    )
+
+    tsvs = []
+    for method, path in paths.items():
+        out = tmp_path / "metrics" / f"{method}.tsv"
+        df = metrics.run_metrics(path, paths["uncorrected"], "batch", "cell_type", out, method)
+        back = metrics.read_metrics(out)
+        pd.testing.assert_frame_equal(back, df, check_dtype=False)
+        tsvs.append(out)
+    agg = metrics.aggregate_metrics(tsvs, tmp_path / "metrics.tsv")
+    assert list(dict.fromkeys(agg["method"])) == list(paths)
+    assert len(agg) == 4 * len(BIO + BATCH + AGG)
+
+    bench = {
+        ("ds", "combat"): write_bench(tmp_path / "combat.bench", 12.0, 512.5),
+        ("ds", "locusformer"): [
+            write_bench(tmp_path / "train.bench", 100.0, 2048.0),
+            write_bench(tmp_path / "apply.bench", 5.0, 700.0),
+        ],
+        ("ds", "normalize"): write_bench(tmp_path / "norm.bench", 1.0, 100.0),
+    }
+    summary = metrics.summarize({"ds": tmp_path / "metrics.tsv"}, bench, tmp_path / "summary.tsv")
+    assert list(summary.columns) == metrics.SUMMARY_COLUMNS
+    on_disk = pd.read_csv(tmp_path / "summary.tsv", sep="\t")
+    assert len(on_disk) == 4 and set(on_disk["method"]) == set(paths)
+    row = on_disk.set_index("method")
+    assert row.loc["combat", "wall_s"] == 12.0 and row.loc["combat", "max_rss_mb"] == 512.5
+    assert row.loc["locusformer", "wall_s"] == 105.0
+    assert row.loc["locusformer", "max_rss_mb"] == 2048.0
+    assert np.isnan(row.loc["uncorrected", "wall_s"])
+    assert row.loc["harmony", "status"] == "failed" and "boom" in row.loc["harmony", "error"]
+    assert on_disk["method"].iloc[-1] == "harmony"  # failed last, the rest ranked by total
+    totals = on_disk["total"].iloc[:-1].to_numpy()
+    assert (np.diff(totals) <= 0).all()
+    com = metrics.read_metrics(tmp_path / "metrics.tsv")
+    com = com[(com["method"] == "combat") & (com["metric"] == "Total")]["value"].item()
+    assert row.loc["combat", "total"] == pytest.approx(com)
+
+
+def test_unreadable_files_are_input_errors(tmp_path: Path, data) -> None:
+    bad = tmp_path / "bad.h5ad"
+    bad.write_text("nope")
+    good = tmp_path / "u.h5ad"
+    write_result(data["uncorrected"], good)
+    with pytest.raises(InputError, match="cannot read integration result"):
+        metrics.run_metrics(bad, good, "batch", None, tmp_path / "m.tsv", "x")
+    with pytest.raises(InputError, match="no batch column 'donor'"):
+        metrics.run_metrics(good, good, "donor", None, tmp_path / "m.tsv", "x")
+    (tmp_path / "t.tsv").write_text("a\tb\n1\t2\n")
+    with pytest.raises(InputError, match="missing column"):
+        metrics.aggregate_metrics([tmp_path / "t.tsv"], tmp_path / "agg.tsv")
+    assert not (tmp_path / "m.tsv").exists() and not (tmp_path / "agg.tsv").exists()

@@ -1,0 +1,335 @@
+"""HTML reports: content, escaping of user-provided names, self-containedness."""
+
+from __future__ import annotations
+
+import base64
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pytest
+
+from locusformer import metrics, report
+from locusformer.baselines import run_baseline
+from locusformer.errors import InputError
+
+EVIL_DATASET = "<script>alert('dataset')</script>"
+EVIL_BATCH = "<script>alert('batch')</script>"
+EVIL_LABEL = "<img src=x onerror=alert('label')>"
+
+
+class Tags(HTMLParser):
+    """Every start tag with its attributes, and the text of <style> blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.styles: list[str] = []
+        self._in_style = False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        self._in_style = tag == "style"
+
+    def handle_endtag(self, tag):
+        self._in_style = False
+
+    def handle_data(self, data):
+        if self._in_style:
+            self.styles.append(data)
+
+
+def parse(html: str) -> Tags:
+    p = Tags()
+    p.feed(html)
+    return p
+
+
+def assert_self_contained(html: str) -> list[str]:
+    """No external resource of any kind; returns the <img> sources (all PNG data URIs)."""
+    p = parse(html)
+    names = {t for t, _ in p.tags}
+    assert not names & {"script", "link", "iframe", "object", "embed", "base"}, names
+    for tag, attrs in p.tags:
+        for key in ("src", "href", "srcset", "poster", "data", "action"):
+            value = attrs.get(key)
+            if value is None:
+                continue
+            assert not value.lower().startswith(("http:", "https:", "//", "ftp:")), (tag, value)
+            if key == "src":
+                assert value.startswith("data:image/png;base64,"), (tag, value[:40])
+    for css in p.styles:
+        assert "url(" not in css and "@import" not in css
+    assert "http://" not in html and "https://" not in html
+    images = [a["src"] for t, a in p.tags if t == "img"]
+    for src in images:
+        png = base64.b64decode(src.split(",", 1)[1], validate=True)
+        assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    return images
+
+
+def synthetic(n_per: int = 20, genes: int = 60, seed: int = 0) -> ad.AnnData:
+    rng = np.random.default_rng(seed)
+    groups = ["t0", "t1", EVIL_LABEL]
+    centers = rng.normal(0, 2, (len(groups), genes))
+    shifts = rng.normal(0, 0.7, (2, genes))
+    x, rows = [], []
+    for b in range(2):
+        for g, label in enumerate(groups):
+            for k in range(n_per):
+                x.append(5 + centers[g] + shifts[b] + rng.normal(0, 1, genes))
+                rows.append((f"s{b}_{g}_{k}", f"b{b}", label))
+    # one more batch with a single sample: ComBat cannot fit it and fails
+    x.append(5 + centers[0] + rng.normal(0, 1, genes))
+    rows.append(("lonely", EVIL_BATCH, "t0"))
+    obs = pd.DataFrame(rows, columns=["sample_id", "batch", "cell_type"]).set_index("sample_id")
+    adata = ad.AnnData(np.asarray(x, dtype=np.float32), obs=obs)
+    adata.var_names = [f"G{i:03d}" for i in range(genes)]
+    return adata
+
+
+def write_bench(path: Path, seconds: float, rss: float) -> Path:
+    path.write_text(
+        "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+        f"{seconds}\t0:00:{int(seconds):02d}\t{rss}\t900.1\t400.2\t410.3\t0.1\t2.5\t88.0\t"
+        f"{seconds * 0.9}\n"
+    )
+    return path
+
+
+def build_dataset(d: Path, adata: ad.AnnData, label_key: str | None = "cell_type") -> dict:
+    """All inputs of a dataset report, the way the workflow writes them."""
+    d.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame(
+        adata.X, index=pd.Index(adata.obs_names, name="sample_id"), columns=adata.var_names
+    )
+    frame.to_parquet(d / "ordered.parquet")
+    adata.obs.rename_axis("sample_id").reset_index().to_csv(
+        d / "samples.tsv", sep="\t", index=False
+    )
+    integrated = {}
+    for method in ("uncorrected", "combat", "harmony"):
+        integrated[method] = d / "integrated" / f"{method}.h5ad"
+        run_baseline(
+            method,
+            d / "ordered.parquet",
+            d / "samples.tsv",
+            "batch",
+            label_key,
+            integrated[method],
+            seed=0,
+        )
+    stats = {
+        "n_samples": adata.n_obs,
+        "n_genes_input": adata.n_vars + 25,
+        "n_genes_kept": adata.n_vars,
+        "samples_per_batch": adata.obs["batch"].astype(str).value_counts().to_dict(),
+        "samples_per_label": adata.obs["cell_type"].astype(str).value_counts().to_dict(),
+        "genes_dropped": {"not_expressed": 10, "not_highly_variable": 15},
+        "value_type": "log_expression",
+    }
+    (d / "stats.json").write_text(json.dumps(stats))
+    n = adata.n_vars
+    chrom = ["1"] * (n // 2) + ["2"] * (n // 4) + ["X"] * (n - n // 2 - n // 4 - 5) + [""] * 5
+    pd.DataFrame(
+        {
+            "gene_id": adata.var_names,
+            "chrom": chrom,
+            "start": np.arange(n) * 100,
+            "end": np.arange(n) * 100 + 50,
+            "position": np.arange(n),
+            "placed": [c != "" for c in chrom],
+        }
+    ).to_parquet(d / "loci.parquet")
+    epochs = np.arange(1, 11)
+    pd.DataFrame(
+        {
+            "epoch": epochs,
+            "train_recon": 1 / epochs,
+            "val_recon": 1.2 / epochs,
+            "adversary": 0.69 - epochs / 100,
+            "total": 1 / epochs + 0.1,
+            "disc_acc": 0.9 - epochs / 50,
+            "lr": 1e-3 * 0.8**epochs,
+        }
+    ).to_csv(d / "history.tsv", sep="\t", index=False)
+    rng = np.random.default_rng(0)
+    att = rng.random((2, 3, 12, 12))
+    att /= att.sum(axis=-1, keepdims=True)
+    tokens = np.array(["1"] * 6 + ["2"] * 4 + ["X"] * 2)
+    np.savez(d / "attention.npz", attention=att, token_chrom=tokens)
+    bench = {
+        "normalize": write_bench(d / "normalize.bench", 2.0, 300.0),
+        "baseline_combat": write_bench(d / "combat.bench", 3.0, 400.0),
+        "train_locusformer": write_bench(d / "train.bench", 40.0, 1500.0),
+    }
+    return {"integrated": integrated, "bench": bench, "dir": d}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("ds")
+    built = build_dataset(d, synthetic())
+    tsvs = []
+    for method, path in built["integrated"].items():
+        out = d / "metrics" / f"{method}.tsv"
+        metrics.run_metrics(
+            path, built["integrated"]["uncorrected"], "batch", "cell_type", out, method
+        )
+        tsvs.append(out)
+    metrics.aggregate_metrics(tsvs, d / "metrics.tsv")
+    html = report.render_dataset_report(
+        d / "report.html",
+        dataset=EVIL_DATASET,
+        metrics_tsv=d / "metrics.tsv",
+        stats_json=d / "stats.json",
+        loci_parquet=d / "loci.parquet",
+        history_tsv=d / "history.tsv",
+        integrated=built["integrated"],
+        attention_npz=d / "attention.npz",
+        benchmark_files=built["bench"],
+        config={"seed": 7, "datasets": {EVIL_DATASET: {"batch": "batch"}}},
+        seed=7,
+        batch_key="batch",
+        label_key="cell_type",
+    )
+    return {**built, "html": html}
+
+
+def test_report_is_written_and_returned(dataset) -> None:
+    on_disk = (dataset["dir"] / "report.html").read_text(encoding="utf-8")
+    assert on_disk == dataset["html"]
+    assert on_disk.startswith("<!DOCTYPE html>")
+
+
+def test_report_escapes_user_provided_names(dataset) -> None:
+    html = dataset["html"]
+    assert "<script" not in html.lower()
+    assert "<img src=x" not in html
+    assert "&lt;script&gt;alert(&#39;dataset&#39;)&lt;/script&gt;" in html
+    assert "&lt;script&gt;alert(&#39;batch&#39;)&lt;/script&gt;" in html  # sample tables
+    assert "&lt;img src=x onerror=alert(&#39;label&#39;)&gt;" in html
+    # the failed ComBat's error names the batch: escaped as well
+    error = [line for line in html.splitlines() if "at least 2 samples per batch" in line]
+    assert error and all("&lt;script&gt;" in line for line in error)
+
+
+def test_report_is_self_contained(dataset) -> None:
+    images = assert_self_contained(dataset["html"])
+    # loci, training, 2 embeddings (combat failed), scatter, attention, runtime
+    assert len(images) == 7
+    assert len(dataset["html"].encode()) < 5_000_000
+
+
+def test_report_content(dataset) -> None:
+    html = dataset["html"]
+    p = parse(html)
+    ids = {a.get("id") for _, a in p.tags}
+    for section in (
+        "summary",
+        "loci",
+        "training",
+        "embeddings",
+        "metrics",
+        "attention",
+        "runtime",
+        "provenance",
+    ):
+        assert section in ids
+    alts = [a.get("alt") for t, a in p.tags if t == "img"]
+    assert "PCA of uncorrected" in alts and "PCA of harmony" in alts
+    assert "Attention maps" in alts and "Training curves" in alts
+    # embeddings: uncorrected first
+    assert html.index("<h3>uncorrected</h3>") < html.index("<h3>harmony</h3>")
+    assert "Failed:" in html and "ComBat needs at least 2 samples per batch" in html
+    assert "55 of 60 loci placed" in html
+    assert "train_recon" in html and "disc_acc" in html
+    assert "train_locusformer" in html and "1500.0" in html
+    assert "scib-metrics" in html and "harmonypy" in html and "numpy" in html
+    assert "seed: 7" in html
+
+
+def test_metric_table_ranks_methods_and_marks_the_best(dataset) -> None:
+    html = dataset["html"]
+    table = html[html.index('<table id="metric-table">') :]
+    table = table[: table.index("</table>")]
+    long = metrics.read_metrics(dataset["dir"] / "metrics.tsv")
+    totals = long[long["metric"] == "Total"].set_index("method")["value"]
+    ranked = totals.drop("combat").sort_values(ascending=False).index.tolist()
+    positions = [table.index(f'<td class="name">{m}</td>') for m in [*ranked, "combat"]]
+    assert positions == sorted(positions)  # ranked by total, the failed method last
+    assert 'class="failed"' in table and "failed: RuntimeError" in table
+    wide = metrics.wide_metrics(long).drop("combat")
+    n_best = sum(int((wide[c] >= wide[c].max() - 1e-12).sum()) for c in wide.columns)
+    assert table.count('class="best"') == n_best
+    best_total = f"{totals.drop('combat').max():.3f}"
+    assert f'<td class="best">{best_total}</td>' in table
+
+
+def test_report_with_nothing_but_a_name(tmp_path: Path) -> None:
+    html = report.render_dataset_report(tmp_path / "r.html", dataset="empty")
+    assert "No dataset statistics available" in html
+    assert "No training history available" in html
+    assert "No metrics available" in html
+    assert "No attention maps available" in html
+    assert_self_contained(html)
+
+
+def test_umap_embedding_plot(tmp_path: Path, dataset) -> None:
+    html = report.render_dataset_report(
+        tmp_path / "r.html",
+        dataset="u",
+        integrated={"uncorrected": dataset["integrated"]["uncorrected"]},
+        embedding="umap",
+        label_key="cell_type",
+    )
+    assert 'alt="UMAP of uncorrected"' in html
+    assert len(assert_self_contained(html)) == 1
+
+
+def test_malformed_inputs_are_input_errors(tmp_path: Path) -> None:
+    np.savez(tmp_path / "a.npz", weights=np.zeros((1, 1, 2, 2)))
+    with pytest.raises(InputError, match=r"token_chrom|attention"):
+        report.render_dataset_report(
+            tmp_path / "r.html", dataset="x", attention_npz=tmp_path / "a.npz"
+        )
+    np.savez(tmp_path / "b.npz", attention=np.zeros((1, 1, 3, 3)), token_chrom=np.array(["1"]))
+    with pytest.raises(InputError, match="1 entries for 3 tokens"):
+        report.render_dataset_report(
+            tmp_path / "r.html", dataset="x", attention_npz=tmp_path / "b.npz"
+        )
+    (tmp_path / "s.json").write_text("{not json")
+    with pytest.raises(InputError, match="cannot read dataset stats"):
+        report.render_dataset_report(
+            tmp_path / "r.html", dataset="x", stats_json=tmp_path / "s.json"
+        )
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_index_links_every_report(tmp_path: Path, dataset) -> None:
+    summary = metrics.summarize(
+        {EVIL_DATASET: dataset["dir"] / "metrics.tsv", "other": dataset["dir"] / "metrics.tsv"},
+        {(EVIL_DATASET, "combat"): dataset["bench"]["baseline_combat"]},
+        tmp_path / "summary.tsv",
+    )
+    assert len(summary) == 6
+    html = report.render_index(
+        tmp_path / "summary.tsv",
+        {EVIL_DATASET: f"{EVIL_DATASET}/report.html", "other": "other/report.html"},
+        tmp_path / "index.html",
+    )
+    assert (tmp_path / "index.html").read_text(encoding="utf-8") == html
+    assert "<script" not in html.lower()
+    assert "&lt;script&gt;alert(&#39;dataset&#39;)&lt;/script&gt;" in html
+    assert_self_contained(html)
+    hrefs = [a["href"] for t, a in parse(html).tags if t == "a"]
+    assert "other/report.html" in hrefs
+    assert "%3Cscript%3Ealert%28%27dataset%27%29%3C/script%3E/report.html" in hrefs
+    assert "failed" in html and "ComBat needs at least 2 samples" in html
+    with pytest.raises(ValueError, match="relative"):
+        report.render_index(
+            tmp_path / "summary.tsv", {"x": "https://example.org/r.html"}, tmp_path / "i2.html"
+        )

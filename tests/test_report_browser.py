@@ -1,0 +1,280 @@
+"""Open a rendered report in headless Chromium: it loads, no JS error, every image shows.
+
+Needs Debian's ``/usr/bin/chromium`` (``apt-get install -y chromium``; ``.ci/run`` installs
+it); skipped without it. A screenshot is kept in ``test-artifacts/`` at the repository root.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from locusformer import metrics, report
+from locusformer.baselines import failed_result, make_result, write_result
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    # nothing may be fetched from the network: an external resource would fail to load
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+]
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="headless browser check needs /usr/bin/chromium (apt-get install -y chromium)",
+)
+
+# Installed first in <head>: record every error (script errors and failed resource loads).
+CATCH = """<script>
+window.__errors = [];
+window.addEventListener("error", function (e) {
+  var t = e.target;
+  window.__errors.push(t && t !== window ? "resource: " + (t.src || t.href || t.tagName)
+                                         : "js: " + e.message);
+}, true);
+</script>"""
+
+# Installed last in <body>: on load, write what we check into the DOM for --dump-dom.
+PROBE = """<script>
+window.addEventListener("load", function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var out = {
+    loaded: true,
+    errors: window.__errors,
+    images: imgs.length,
+    broken: imgs.filter(function (i) { return !i.complete || i.naturalWidth === 0; })
+                .map(function (i) { return i.alt; }),
+    shown: imgs.filter(function (i) { return i.getBoundingClientRect().width > 0; }).length,
+    resources: performance.getEntriesByType("resource").map(function (r) { return r.name; }),
+    title: document.title
+  };
+  var pre = document.createElement("pre");
+  pre.id = "probe-result";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def chromium(args: list[str], profile: Path, timeout: int = 90) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(CHROMIUM), *FLAGS, f"--user-data-dir={profile}", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def small_report(d: Path) -> Path:
+    """A report on small synthetic data with every section filled (one method failed)."""
+    rng = np.random.default_rng(0)
+    n, genes = 48, 30
+    batch = np.repeat(["b1", "b2"], n // 2)
+    label = np.tile(["<b>T</b>", "B"], n // 2)
+    obs = pd.DataFrame(
+        {"batch": batch, "cell_type": label},
+        index=pd.Index([f"s{i}" for i in range(n)], name="sample_id"),
+    )
+    x = rng.normal(5, 1, (n, genes)) + (batch == "b2")[:, None] + (label == "B")[:, None] * 2
+    var = [f"G{i}" for i in range(genes)]
+    integrated = {
+        "uncorrected": make_result(
+            x,
+            method="uncorrected",
+            representation="matrix",
+            obs=obs,
+            var_names=var,
+            batch_key="batch",
+            label_key="cell_type",
+        ),
+        "locusformer": make_result(
+            x,
+            method="locusformer",
+            representation="embedding",
+            obs=obs,
+            var_names=var,
+            embedding=rng.normal(size=(n, 8)),
+            batch_key="batch",
+            label_key="cell_type",
+        ),
+        "combat": failed_result(
+            "combat",
+            obs,
+            var,
+            RuntimeError("ComBat <needs> 2 samples"),
+            batch_key="batch",
+            label_key="cell_type",
+        ),
+    }
+    paths = {}
+    for method, res in integrated.items():
+        paths[method] = d / "integrated" / f"{method}.h5ad"
+        write_result(res, paths[method])
+
+    names = metrics.metric_names(with_labels=True)
+    rows = []
+    for method, base in (("uncorrected", 0.4), ("locusformer", 0.7)):
+        for i, (metric, kind) in enumerate(names):
+            rows.append([method, metric, kind, base + 0.01 * i, "ok", ""])
+    table = pd.concat(
+        [
+            pd.DataFrame(rows, columns=metrics.COLUMNS),
+            metrics.failed_rows("combat", "ComBat <needs> 2 samples", True),
+        ]
+    )
+    table.to_csv(d / "metrics.tsv", sep="\t", index=False)
+
+    (d / "stats.json").write_text(
+        json.dumps(
+            {
+                "n_samples": n,
+                "n_genes_input": 40,
+                "n_genes_kept": genes,
+                "samples_per_batch": {"b1": n // 2, "b2": n // 2},
+                "samples_per_label": {"<b>T</b>": n // 2, "B": n // 2},
+                "genes_dropped": {"not_expressed": 4, "not_highly_variable": 6},
+                "value_type": "log_expression",
+            }
+        )
+    )
+    chrom = ["1"] * 15 + ["2"] * 10 + [""] * 5
+    pd.DataFrame(
+        {
+            "gene_id": var,
+            "chrom": chrom,
+            "start": range(genes),
+            "end": range(genes),
+            "position": range(genes),
+            "placed": [c != "" for c in chrom],
+        }
+    ).to_parquet(d / "loci.parquet")
+    pd.DataFrame(
+        {
+            "epoch": [1, 2, 3],
+            "train_recon": [1.0, 0.5, 0.3],
+            "val_recon": [1.1, 0.6, 0.4],
+            "disc_acc": [0.9, 0.7, 0.6],
+            "lr": [1e-3, 5e-4, 2e-4],
+        }
+    ).to_csv(d / "history.tsv", sep="\t", index=False)
+    att = rng.random((1, 2, 6, 6))
+    np.savez(
+        d / "attention.npz",
+        attention=att / att.sum(-1, keepdims=True),
+        token_chrom=np.array(["1", "1", "1", "2", "2", "X"]),
+    )
+    bench = d / "train.bench"
+    bench.write_text(
+        "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load"
+        "\tcpu_time\n3.2\t0:00:03\t210.5\t500\t200\t205\t0\t1\t90\t2.9\n"
+    )
+    out = d / "report.html"
+    report.render_dataset_report(
+        out,
+        dataset="browser <check>",
+        metrics_tsv=d / "metrics.tsv",
+        stats_json=d / "stats.json",
+        loci_parquet=d / "loci.parquet",
+        history_tsv=d / "history.tsv",
+        integrated=paths,
+        attention_npz=d / "attention.npz",
+        benchmark_files={"train_locusformer": bench},
+        config={"seed": 1},
+        seed=1,
+        batch_key="batch",
+        label_key="cell_type",
+    )
+    return out
+
+
+def test_report_opens_in_headless_chromium(tmp_path: Path) -> None:
+    html_path = small_report(tmp_path)
+    html = html_path.read_text(encoding="utf-8")
+    assert "<script" not in html.lower()  # the report itself carries no JavaScript
+    n_img = html.count("<img ")
+    assert n_img == 7  # loci, training, 2 embeddings (combat failed), scatter, attention, runtime
+
+    probe = tmp_path / "probe.html"
+    head = html.index("<head>") + len("<head>")
+    body_end = html.rindex("</body>")
+    probe.write_text(
+        html[:head] + CATCH + html[head:body_end] + PROBE + html[body_end:], encoding="utf-8"
+    )
+    run = chromium(
+        ["--virtual-time-budget=10000", "--dump-dom", probe.as_uri()], tmp_path / "profile-dom"
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    match = re.search(r'<pre id="probe-result">(.*?)</pre>', run.stdout, re.S)
+    assert match, f"the page did not finish loading; stderr: {run.stderr[-2000:]}"
+    result = json.loads(
+        match.group(1)
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", '"')
+        .replace("&amp;", "&")
+    )
+    assert result["loaded"] is True
+    assert result["errors"] == []
+    assert result["images"] == n_img
+    assert result["broken"] == []
+    assert result["shown"] == n_img
+    assert all(r.startswith("data:") for r in result["resources"]), result["resources"]
+    assert result["title"] == "LocusFormer report: browser <check>"
+    assert "Uncaught" not in run.stderr
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "report_browser.png"
+    shot.unlink(missing_ok=True)
+    run = chromium(
+        ["--window-size=1280,4200", f"--screenshot={shot}", html_path.as_uri()],
+        tmp_path / "profile-shot",
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert shot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
+    shutil.copyfile(html_path, ARTIFACTS / "report_browser.html")
+
+
+def test_the_probe_catches_broken_pages(tmp_path: Path) -> None:
+    """Negative control: the same probe reports JS errors and images that do not show."""
+    good = (
+        "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
+        "+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+    )
+    page = tmp_path / "broken.html"
+    page.write_text(
+        "<!DOCTYPE html><html><head><title>t</title>" + CATCH + "</head><body>"
+        f'<img alt="good" src="{good}">'
+        '<img alt="corrupt" src="data:image/png;base64,AAAA">'
+        '<img alt="remote" src="https://example.invalid/x.png">'
+        "<script>undefinedFunction();</script>" + PROBE + "</body></html>",
+        encoding="utf-8",
+    )
+    run = chromium(
+        ["--virtual-time-budget=10000", "--dump-dom", page.as_uri()], tmp_path / "profile"
+    )
+    match = re.search(r'<pre id="probe-result">(.*?)</pre>', run.stdout, re.S)
+    assert match, run.stderr[-2000:]
+    result = json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    assert result["images"] == 3
+    assert sorted(result["broken"]) == ["corrupt", "remote"]
+    assert any("undefinedFunction" in e for e in result["errors"])
+    assert any(e.startswith("resource:") for e in result["errors"])
