@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from . import __version__
 from .errors import InputError
@@ -254,6 +256,43 @@ def _summarize(args: argparse.Namespace) -> None:
     summarize(_pairs(args.metrics, "--metrics"), benchmarks, args.out)
 
 
+@_command("report")
+def _report(args: argparse.Namespace) -> None:
+    from .report import render_dataset_report
+
+    benchmarks: dict[str, list[str]] = {}
+    for name, path in _pairs(args.benchmark, "--benchmark").items():
+        benchmarks.setdefault(name, []).append(path)
+    render_dataset_report(
+        args.out,
+        dataset=args.dataset,
+        metrics_tsv=args.metrics,
+        stats_json=args.stats,
+        loci_parquet=args.loci,
+        history_tsv=args.history,
+        integrated=_pairs(args.result, "--result"),
+        attention_npz=args.attention,
+        benchmark_files=benchmarks,
+        config=args.config,
+        seed=args.seed,
+        batch_key=args.batch_key,
+        label_key=args.label_key,
+        figures_dir=args.figures,
+    )
+
+
+@_command("index")
+def _index(args: argparse.Namespace) -> None:
+    from .report import render_index
+
+    out_dir = Path(args.out).resolve().parent
+    links = {
+        name: os.path.relpath(Path(path).resolve(), out_dir)
+        for name, path in _pairs(args.report, "--report").items()
+    }
+    render_index(args.summary, links, args.out)
+
+
 # -- parser --------------------------------------------------------------------------------
 
 
@@ -349,6 +388,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("summarize", help="summary.tsv over all datasets")
     p.add_argument("--metrics", action="append", help="DATASET=metrics.tsv", required=True)
     p.add_argument("--benchmark", action="append", help="DATASET/METHOD=benchmark.tsv")
+    p.add_argument("--out", required=True)
+
+    p = commands.add_parser("report", help="one dataset's self-contained HTML report")
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--metrics", required=True, help="metrics.tsv")
+    p.add_argument("--stats", default=None, help="normalize statistics JSON")
+    p.add_argument("--loci", default=None, help="loci.parquet")
+    p.add_argument("--history", default=None, help="training history TSV")
+    p.add_argument("--result", action="append", help="METHOD=integrated.h5ad")
+    p.add_argument("--attention", default=None, help="attention map .npz")
+    p.add_argument("--benchmark", action="append", help="RULE=benchmark.tsv")
+    p.add_argument("--config", type=_json_arg, default={}, help="the run's configuration (JSON)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--batch-key", required=True)
+    p.add_argument("--label-key", default=None)
+    p.add_argument("--figures", default=None, help="also write each figure here as PNG")
+    p.add_argument("--out", required=True)
+
+    p = commands.add_parser("index", help="results/index.html over all datasets")
+    p.add_argument("--summary", required=True)
+    p.add_argument("--report", action="append", required=True, help="DATASET=report.html")
     p.add_argument("--out", required=True)
     return parser
 

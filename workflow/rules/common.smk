@@ -108,6 +108,7 @@ def get_final_outputs():
             dataset=DATASETS.index,
         ),
         "results/summary.tsv",
+        "results/index.html",
     ]
 
 
@@ -142,3 +143,45 @@ def get_benchmarks():
             for step in ("train", "correct"):
                 pairs.append((name, method, f"benchmarks/out/{name}/{step}.tsv"))
     return pairs
+
+
+REPORT_STEPS = ["normalize", "order_loci", "train", "correct", "attention_map"]
+
+
+def get_report_inputs(wildcards):
+    name = wildcards.dataset
+    return {
+        "metrics": f"results/{name}/metrics.tsv",
+        "stats": f"results/{name}/stats/normalize.json",
+        "loci": f"results/{name}/loci.parquet",
+        "history": f"results/{name}/model/history.tsv",
+        "attention": f"results/{name}/model/attention.npz",
+        "results": [f"results/{name}/integrated/{m}.h5ad" for m in methods()],
+        "benchmarks": [path for _, path in report_benchmarks(name)],
+    }
+
+
+def report_benchmarks(name):
+    steps = [(step, f"benchmarks/out/{name}/{step}.tsv") for step in REPORT_STEPS]
+    steps += [
+        (f"baseline_{m}", f"benchmarks/out/{name}/baseline_{m}.tsv") for m in BASELINES
+    ]
+    steps += [
+        (f"metrics_{m}", f"benchmarks/out/{name}/metrics_{m}.tsv") for m in methods()
+    ]
+    return steps
+
+
+def get_report_results(wildcards):
+    name = wildcards.dataset
+    return " ".join(
+        f"--result {shlex.quote(f'{m}=results/{name}/integrated/{m}.h5ad')}"
+        for m in methods()
+    )
+
+
+def get_report_benchmarks(wildcards):
+    return " ".join(
+        f"--benchmark {shlex.quote(f'{step}={path}')}"
+        for step, path in report_benchmarks(wildcards.dataset)
+    )

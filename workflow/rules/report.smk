@@ -1,0 +1,89 @@
+rule attention_map:
+    input:
+        matrix="results/{dataset}/ordered.parquet",
+        loci="results/{dataset}/loci.parquet",
+        samples="results/{dataset}/samples.tsv",
+        weights="results/{dataset}/model/model.pt",
+        config="results/{dataset}/model/model.json",
+    output:
+        "results/{dataset}/model/attention.npz",
+    log:
+        "logs/{dataset}/attention_map.log",
+    benchmark:
+        "benchmarks/out/{dataset}/attention_map.tsv"
+    conda:
+        "../envs/locusformer.yaml"
+    params:
+        batch_key=get_batch_key,
+        device=config["device"],
+    shell:
+        "python -m locusformer attention --matrix {input.matrix:q} --loci {input.loci:q}"
+        " --samples {input.samples:q} --batch-key {params.batch_key}"
+        " --weights {input.weights:q} --config {input.config:q} --device {params.device}"
+        " --out {output:q} 2> {log:q}"
+
+
+rule report:
+    input:
+        unpack(get_report_inputs),
+    output:
+        html=report(
+            "results/{dataset}/report.html",
+            caption="../report/dataset_report.rst",
+            category="Reports",
+            labels={"dataset": "{dataset}"},
+        ),
+        figures=report(
+            directory("results/{dataset}/figures"),
+            patterns=["{name}.png"],
+            caption="../report/figures.rst",
+            category="Figures",
+            subcategory="{dataset}",
+            labels={"dataset": "{dataset}", "figure": "{name}"},
+        ),
+    log:
+        "logs/{dataset}/report.log",
+    benchmark:
+        "benchmarks/out/{dataset}/report.tsv"
+    conda:
+        "../envs/locusformer.yaml"
+    params:
+        results=get_report_results,
+        benchmarks=get_report_benchmarks,
+        batch_key=get_batch_key,
+        label=get_label_arg,
+        run_config=shlex.quote(json.dumps(config, sort_keys=True)),
+        seed=SEED,
+    shell:
+        "python -m locusformer report --dataset {wildcards.dataset} --metrics {input.metrics:q}"
+        " --stats {input.stats:q} --loci {input.loci:q} --history {input.history:q}"
+        " --attention {input.attention:q} {params.results} {params.benchmarks}"
+        " --config {params.run_config} --seed {params.seed} --batch-key {params.batch_key}"
+        " {params.label} --figures {output.figures:q} --out {output.html:q} 2> {log:q}"
+
+
+rule index:
+    input:
+        summary="results/summary.tsv",
+        reports=expand("results/{dataset}/report.html", dataset=DATASETS.index),
+    output:
+        report(
+            "results/index.html",
+            caption="../report/index.rst",
+            category="Reports",
+            labels={"dataset": "all"},
+        ),
+    log:
+        "logs/index.log",
+    benchmark:
+        "benchmarks/out/index.tsv"
+    conda:
+        "../envs/locusformer.yaml"
+    params:
+        reports=[
+            f"--report {shlex.quote(f'{name}=results/{name}/report.html')}"
+            for name in DATASETS.index
+        ],
+    shell:
+        "python -m locusformer index --summary {input.summary:q} {params.reports}"
+        " --out {output:q} 2> {log:q}"
