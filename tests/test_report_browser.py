@@ -9,78 +9,17 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from browser import ARTIFACTS, CATCH, CHROMIUM, PROBE, SKIP_REASON, chromium, probe, screenshot
 
 from locusformer import metrics, report
 from locusformer.baselines import failed_result, make_result, write_result
 
-ROOT = Path(__file__).resolve().parents[1]
-ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--hide-scrollbars",
-    # nothing may be fetched from the network: an external resource would fail to load
-    "--host-resolver-rules=MAP * ~NOTFOUND",
-]
-
-pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(),
-    reason="headless browser check needs /usr/bin/chromium (apt-get install -y chromium)",
-)
-
-# Installed first in <head>: record every error (script errors and failed resource loads).
-CATCH = """<script>
-window.__errors = [];
-window.addEventListener("error", function (e) {
-  var t = e.target;
-  window.__errors.push(t && t !== window ? "resource: " + (t.src || t.href || t.tagName)
-                                         : "js: " + e.message);
-}, true);
-</script>"""
-
-# Installed last in <body>: on load, write what we check into the DOM for --dump-dom.
-PROBE = """<script>
-window.addEventListener("load", function () {
-  var imgs = Array.prototype.slice.call(document.images);
-  var out = {
-    loaded: true,
-    errors: window.__errors,
-    images: imgs.length,
-    broken: imgs.filter(function (i) { return !i.complete || i.naturalWidth === 0; })
-                .map(function (i) { return i.alt; }),
-    shown: imgs.filter(function (i) { return i.getBoundingClientRect().width > 0; }).length,
-    resources: performance.getEntriesByType("resource").map(function (r) { return r.name; }),
-    title: document.title
-  };
-  var pre = document.createElement("pre");
-  pre.id = "probe-result";
-  pre.textContent = JSON.stringify(out);
-  document.body.appendChild(pre);
-});
-</script>"""
-
-
-def chromium(args: list[str], profile: Path, timeout: int = 90) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(CHROMIUM), *FLAGS, f"--user-data-dir={profile}", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=SKIP_REASON)
 
 
 def small_report(d: Path) -> Path:
@@ -212,25 +151,7 @@ def test_report_opens_in_headless_chromium(tmp_path: Path) -> None:
     n_img = html.count("<img ")
     assert n_img == 7  # loci, training, 2 embeddings (combat failed), scatter, attention, runtime
 
-    probe = tmp_path / "probe.html"
-    head = html.index("<head>") + len("<head>")
-    body_end = html.rindex("</body>")
-    probe.write_text(
-        html[:head] + CATCH + html[head:body_end] + PROBE + html[body_end:], encoding="utf-8"
-    )
-    run = chromium(
-        ["--virtual-time-budget=10000", "--dump-dom", probe.as_uri()], tmp_path / "profile-dom"
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    match = re.search(r'<pre id="probe-result">(.*?)</pre>', run.stdout, re.S)
-    assert match, f"the page did not finish loading; stderr: {run.stderr[-2000:]}"
-    result = json.loads(
-        match.group(1)
-        .replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", '"')
-        .replace("&amp;", "&")
-    )
+    result = probe(html_path, tmp_path)
     assert result["loaded"] is True
     assert result["errors"] == []
     assert result["images"] == n_img
@@ -238,17 +159,10 @@ def test_report_opens_in_headless_chromium(tmp_path: Path) -> None:
     assert result["shown"] == n_img
     assert all(r.startswith("data:") for r in result["resources"]), result["resources"]
     assert result["title"] == "LocusFormer report: browser <check>"
-    assert "Uncaught" not in run.stderr
+    assert "Uncaught" not in result["stderr"]
 
-    ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report_browser.png"
-    shot.unlink(missing_ok=True)
-    run = chromium(
-        ["--window-size=1280,4200", f"--screenshot={shot}", html_path.as_uri()],
-        tmp_path / "profile-shot",
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert shot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    screenshot(html_path, shot, tmp_path)
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
     shutil.copyfile(html_path, ARTIFACTS / "report_browser.html")
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-
+from browser import ARTIFACTS, CHROMIUM, probe, screenshot
 from conftest import ROOT
 
 BIN = Path(sys.executable).parent
@@ -105,6 +105,15 @@ def test_dataset_name_must_be_a_safe_path_component(tmp_path, name):
     assert not (workdir / "results").exists()
 
 
+def test_another_datasets_sheet_is_chosen_from_the_command_line(tmp_path):
+    workdir = _workdir(tmp_path, {}, [_demo_row("first")])
+    pd.DataFrame([_demo_row("second")]).to_csv(tmp_path / "other.tsv", sep="\t", index=False)
+    result = _snakemake(workdir, "-n", "--config", "datasets=other.tsv")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "results/second/report.html" in result.stdout
+    assert "results/first/" not in result.stdout
+
+
 def _tiny_demo(tmp_path: Path) -> dict:
     """A quarter of the demo cells: small enough to train in seconds, still real data."""
     counts = pd.read_csv(ROOT / "resources/demo/cellbench_counts.tsv.gz", sep="\t", index_col=0)
@@ -157,6 +166,29 @@ def test_end_to_end_on_a_tiny_real_dataset(tmp_path):
     assert 1 <= len(history) <= 3
     for rule in ("normalize", "order_loci", "train", "correct"):
         assert (workdir / "benchmarks" / "out" / "tiny" / f"{rule}.tsv").exists()
+    metrics = pd.read_csv(out / "metrics.tsv", sep="\t")
+    assert set(metrics["method"]) == {
+        "uncorrected",
+        "combat",
+        "harmony",
+        "locusformer",
+        "locusformer_latent",
+    }
+    summary = pd.read_csv(workdir / "results" / "summary.tsv", sep="\t")
+    ok = summary[summary["status"] == "ok"]
+    assert len(ok) == 5 and ok[["batch", "bio", "total", "wall_s"]].notna().all().all()
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "locusformer" in html and "harmony" in html
+    index = (workdir / "results" / "index.html").read_text(encoding="utf-8")
+    assert 'href="tiny/report.html"' in index
+    assert sorted(p.name for p in (out / "figures").iterdir())[:2] == [
+        "01_loci.png",
+        "02_training.png",
+    ]
+    if CHROMIUM.exists():
+        page = probe(out / "report.html", tmp_path)
+        assert page["errors"] == [] and page["broken"] == [] and page["images"] >= 8
+        screenshot(out / "report.html", ARTIFACTS / "demo_report.png", tmp_path)
     # A second run has nothing to do.
     again = _snakemake(workdir, "-n", "--quiet", "rules")
     assert again.returncode == 0 and "train" not in again.stdout
