@@ -160,6 +160,23 @@ def _correct(args: argparse.Namespace) -> None:
     )
 
 
+@_command("attention")
+def _attention(args: argparse.Namespace) -> None:
+    from .correct import run_attention
+
+    run_attention(
+        ordered_path=args.matrix,
+        loci_path=args.loci,
+        samples_path=args.samples,
+        batch_key=args.batch_key,
+        weights_path=args.weights,
+        config_path=args.config,
+        attention_out=args.out,
+        device=args.device,
+        max_samples=args.max_samples,
+    )
+
+
 # -- scoring and reports -------------------------------------------------------------------
 
 
@@ -353,6 +370,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-corrected", required=True)
     p.add_argument("--out-latent", required=True)
     p.add_argument("--out-h5ad", required=True)
+
+    p = commands.add_parser("attention", help="mean attention map of a trained corrector")
+    p.add_argument("--matrix", required=True, help="ordered.parquet")
+    p.add_argument("--loci", required=True)
+    p.add_argument("--samples", required=True)
+    p.add_argument("--batch-key", required=True)
+    p.add_argument("--weights", required=True)
+    p.add_argument("--config", required=True)
+    p.add_argument("--max-samples", type=int, default=256)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", required=True)
 
     p = commands.add_parser("baseline", help="run an established method on the data")
     p.add_argument("--method", required=True, choices=["uncorrected", "combat", "harmony", "scvi"])

@@ -1,0 +1,324 @@
+"""Applying a trained :class:`~locusformer.model.LocusFormer`, and the file-level steps.
+
+``correct`` decodes every sample as if it came from the reference batch (a named batch,
+or "mean": the average of all batch conditionings). It streams in chunks under
+``torch.inference_mode`` so memory beyond the output does not grow with the number of
+samples.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from locusformer import atomic
+from locusformer.errors import InputError
+from locusformer.io import write_matrix_parquet
+from locusformer.model import CHROMOSOMES, LocusFormer
+from locusformer.train import (
+    as_matrix,
+    autocast,
+    load_model,
+    read_batches,
+    read_ordered,
+    resolve_device,
+)
+
+
+def batch_codes(model: LocusFormer, batch_labels: Sequence[Any]) -> np.ndarray:
+    """Batch names -> codes of the model; a batch not seen in training is an InputError."""
+    index = {name: i for i, name in enumerate(model.batch_names)}
+    labels = [str(b) for b in batch_labels]
+    unknown = sorted(set(labels) - set(index))
+    if unknown:
+        shown = ", ".join(map(repr, unknown[:5])) + (" ..." if len(unknown) > 5 else "")
+        raise InputError(
+            "batch labels",
+            f"batch(es) not seen in training: {shown} (known: {', '.join(model.batch_names)})",
+        )
+    return np.array([index[b] for b in labels], dtype=np.int64)
+
+
+def _check_reference(model: LocusFormer, reference: str) -> None:
+    if reference != "mean" and reference not in model.batch_names:
+        valid = ", ".join(["mean", *model.batch_names])
+        raise InputError("reference", f"unknown batch {reference!r} (valid: {valid})")
+
+
+def _prepare(
+    model: LocusFormer, X: Any, batch_labels: Sequence[Any]
+) -> tuple[np.ndarray, np.ndarray]:
+    X = as_matrix(X)
+    if X.shape[1] != model.n_loci:
+        raise InputError(
+            "expression matrix", f"has {X.shape[1]} loci, the model was trained on {model.n_loci}"
+        )
+    if len(batch_labels) != X.shape[0]:
+        raise InputError("batch labels", f"{len(batch_labels)} labels for {X.shape[0]} samples")
+    return X, batch_codes(model, batch_labels)
+
+
+def iter_correct(
+    model: LocusFormer,
+    X: np.ndarray | pd.DataFrame,
+    batch_labels: Sequence[Any],
+    *,
+    reference: str = "mean",
+    add_residual: bool = False,
+    chunk_size: int = 512,
+    device: str | torch.device = "auto",
+) -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
+    """Yield (rows, corrected (k, L) float32, latent (k, Z) float32) chunk by chunk.
+
+    ``add_residual`` adds back what the model could not reconstruct of each sample,
+    x - decode(z, own batch); it keeps sample-specific detail but also any batch effect
+    the decoder did not capture (off by default).
+    """
+    X, codes = _prepare(model, X, batch_labels)
+    _check_reference(model, reference)
+    if chunk_size < 1:
+        raise InputError("chunk_size", f"must be >= 1, got {chunk_size}")
+    dev = resolve_device(device)
+    was_training = model.training
+    model.eval().to(dev)
+    try:
+        with torch.inference_mode():
+            for start in range(0, len(X), chunk_size):
+                rows = slice(start, min(start + chunk_size, len(X)))
+                x = torch.from_numpy(X[rows]).to(dev)  # (k, L) raw log-expression
+                b = torch.from_numpy(codes[rows]).to(dev)  # (k,)
+                xs = model.standardize(x)
+                with autocast(dev):
+                    z, _ = model.encode(xs)  # (k, Z)
+                    ref = model.reference_condition(reference, len(x), dev)
+                    out = model.decode(z, ref).float()  # (k, L) standardized
+                    if add_residual:
+                        out = out + (xs - model.decode(z, model.condition(b)).float())
+                corrected = model.unstandardize(out.float())  # un-standardize in fp32
+                yield rows, corrected.cpu().numpy(), z.float().cpu().numpy()
+    finally:
+        model.train(was_training)
+
+
+def correct(
+    model: LocusFormer,
+    X: np.ndarray | pd.DataFrame,
+    batch_labels: Sequence[Any],
+    *,
+    reference: str = "mean",
+    add_residual: bool = False,
+    chunk_size: int = 512,
+    device: str | torch.device = "auto",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Batch-corrected log-expression (n, L) and latent (n, Z), both float32.
+
+    Parameters
+    ----------
+    X
+        Samples x loci log-expression, columns in the order the model was trained on.
+    batch_labels
+        Batch of each sample; every batch must have been seen in training.
+    reference
+        A batch name, or "mean" (the average of all batch conditionings).
+    """
+    X = as_matrix(X)
+    corrected = np.empty(X.shape, dtype=np.float32)
+    latent = np.empty((X.shape[0], model.config.latent_dim), dtype=np.float32)
+    chunks = iter_correct(
+        model,
+        X,
+        batch_labels,
+        reference=reference,
+        add_residual=add_residual,
+        chunk_size=chunk_size,
+        device=device,
+    )
+    for rows, c, z in chunks:
+        corrected[rows] = c
+        latent[rows] = z
+    return corrected, latent
+
+
+def attention_map(
+    model: LocusFormer,
+    X: np.ndarray | pd.DataFrame,
+    batch_labels: Sequence[Any],
+    max_samples: int = 256,
+) -> np.ndarray:
+    """Mean attention weights over samples, (n_layers, n_heads, T, T) float32.
+
+    Uses the explicit attention path on CPU-sized chunks. At most ``max_samples`` samples
+    are used, taken round-robin across batches so every batch is represented.
+    """
+    X, codes = _prepare(model, X, batch_labels)
+    order = _round_robin(codes)[:max_samples]
+    T, H = model.n_tokens, model.config.n_heads
+    total = torch.zeros(model.config.n_layers, H, T, T, dtype=torch.float64)
+    # Keep one chunk's weights (k x layers x H x T x T floats) near 256 MB.
+    per_sample = model.config.n_layers * H * T * T * 4
+    chunk = max(1, int(2**28 // per_sample))
+    dev = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for start in range(0, len(order), chunk):
+                rows = order[start : start + chunk]
+                x = model.standardize(torch.from_numpy(X[rows]).to(dev))
+                _, weights = model.encode(x, need_weights=True)
+                total += torch.stack([w.sum(dim=0) for w in weights]).double().cpu()
+    finally:
+        model.train(was_training)
+    return (total / max(1, len(order))).float().numpy()
+
+
+def _round_robin(codes: np.ndarray) -> np.ndarray:
+    """Sample indices interleaved across batches: b0[0], b1[0], ..., b0[1], b1[1], ..."""
+    groups = [np.flatnonzero(codes == b) for b in np.unique(codes)]
+    rank = np.concatenate([np.arange(len(g)) for g in groups])
+    idx = np.concatenate(groups)
+    return idx[np.lexsort((codes[idx], rank))]
+
+
+# --------------------------------------------------------------------------------------
+# File-level step for the CLI (training's is train.run_train)
+# --------------------------------------------------------------------------------------
+
+
+def write_attention(
+    model: LocusFormer,
+    X: np.ndarray,
+    batch_labels: Sequence[Any],
+    path: str | os.PathLike,
+    max_samples: int = 256,
+) -> None:
+    """Save the mean attention map and the token layout as an .npz, atomically.
+
+    Arrays: ``attention`` (layers, heads, T, T) float32, ``token_chrom`` (T,) chromosome
+    names ("unplaced" for the rest), ``token_position`` (T,) the encoded positions.
+    """
+    attn = attention_map(model, X, batch_labels, max_samples=max_samples)
+    codes = model.embed.token_chrom.cpu().tolist()
+    names = np.array([CHROMOSOMES[c] if c < len(CHROMOSOMES) else "unplaced" for c in codes])
+    with atomic.atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.savez_compressed(
+            fh,
+            attention=attn,
+            token_chrom=names,
+            token_position=model.embed.token_position.cpu().numpy(),
+        )
+
+
+def _read_matching(ordered_path: str | os.PathLike, model: LocusFormer) -> pd.DataFrame:
+    """Read ordered.parquet and check its genes are the model's, in the same order."""
+    ordered = read_ordered(ordered_path)
+    if model.gene_ids is not None and ordered.columns.tolist() != model.gene_ids:
+        raise InputError(
+            ordered_path,
+            f"gene columns differ from the {model.n_loci} loci the model was trained on "
+            "(same genes in the same order required)",
+        )
+    return ordered
+
+
+def run_attention(
+    ordered_path: str | os.PathLike,
+    loci_path: str | os.PathLike | None,
+    samples_path: str | os.PathLike,
+    batch_key: str,
+    weights_path: str | os.PathLike,
+    config_path: str | os.PathLike,
+    attention_out: str | os.PathLike,
+    device: str = "auto",
+    max_samples: int = 256,
+) -> None:
+    """Write the mean attention map of a saved model (see :func:`write_attention`).
+
+    ``loci_path``, when given, is only checked against the model's genes.
+    """
+    model = load_model(weights_path, config_path).to(resolve_device(device))
+    ordered = _read_matching(ordered_path, model)
+    if loci_path is not None:
+        loci = pd.read_parquet(loci_path, engine="pyarrow")
+        if loci.get("gene_id", pd.Series(dtype=str)).astype(str).tolist() != model.gene_ids:
+            raise InputError(loci_path, f"gene ids do not match the model in {weights_path}")
+    batches = read_batches(samples_path, batch_key, ordered.index)[batch_key].tolist()
+    X = ordered.to_numpy(dtype=np.float32)
+    write_attention(model, X, batches, attention_out, max_samples=max_samples)
+
+
+def run_correct(
+    ordered_path: str | os.PathLike,
+    samples_path: str | os.PathLike,
+    batch_key: str,
+    weights_path: str | os.PathLike,
+    config_path: str | os.PathLike,
+    corrected_out: str | os.PathLike,
+    latent_out: str | os.PathLike,
+    h5ad_out: str | os.PathLike | None,
+    reference: str = "mean",
+    add_residual: bool = False,
+    chunk_size: int = 512,
+    device: str = "auto",
+) -> None:
+    """Correct ``ordered_path`` with a saved model; write parquet outputs and an .h5ad.
+
+    corrected.parquet has the input's sample index and gene columns (float32);
+    latent.parquet has columns latent_0..latent_{d-1}; the .h5ad holds X = input,
+    layers["corrected"], obsm["X_locusformer"] = latent, obs = sample table, var = loci.
+    """
+    model = load_model(weights_path, config_path)
+    _check_reference(model, reference)
+    ordered = _read_matching(ordered_path, model)
+    samples = read_batches(samples_path, batch_key, ordered.index)
+    X = ordered.to_numpy(dtype=np.float32)
+    corrected, latent = correct(
+        model,
+        X,
+        samples[batch_key].tolist(),
+        reference=reference,
+        add_residual=add_residual,
+        chunk_size=chunk_size,
+        device=device,
+    )
+    write_matrix_parquet(corrected_out, corrected, ordered.index, ordered.columns)
+    latent_cols = pd.Index([f"latent_{i}" for i in range(latent.shape[1])])
+    write_matrix_parquet(latent_out, latent, ordered.index, latent_cols)
+    if h5ad_out is not None:
+        _write_h5ad(
+            X, corrected, latent, samples, ordered.columns, getattr(model, "loci", None), h5ad_out
+        )
+
+
+def _write_h5ad(
+    X: np.ndarray,
+    corrected: np.ndarray,
+    latent: np.ndarray,
+    samples: pd.DataFrame,
+    genes: pd.Index,
+    loci: pd.DataFrame | None,
+    path: str | os.PathLike,
+) -> None:
+    import anndata as ad  # imported here: slow to import and only needed for this output
+
+    obs = samples.copy()
+    obs.index = obs.index.astype(str).rename("sample_id")
+    if loci is not None and loci["gene_id"].astype(str).tolist() == genes.tolist():
+        var = loci.set_index(loci["gene_id"].astype(str).rename(None)).drop(columns="gene_id")
+    else:
+        var = pd.DataFrame(index=genes)
+    var.index = var.index.astype(str)
+    for frame in (obs, var):  # what anndata would do anyway, without telling on stderr
+        for column in frame.select_dtypes(include="object").columns:
+            frame[column] = frame[column].astype(str).astype("category")
+    adata = ad.AnnData(X=X, obs=obs, var=var)
+    adata.layers["corrected"] = corrected
+    adata.obsm["X_locusformer"] = latent
+    with atomic.atomic_path(path) as tmp:
+        adata.write_h5ad(Path(tmp))

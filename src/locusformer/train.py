@@ -1,0 +1,862 @@
+"""Training a :class:`~locusformer.model.LocusFormer`, checkpoints, saving and loading.
+
+One seed fixes everything: the model's initial weights, the validation split, the
+shuffling (a dedicated ``torch.Generator``) and dropout. On CPU the run is bit-identical
+for a seed, and a run interrupted and resumed from its checkpoint ends where an
+uninterrupted one ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import pickle
+import random
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+import locusformer
+from locusformer import atomic
+from locusformer.errors import InputError
+from locusformer.model import (
+    LocusFormer,
+    ModelConfig,
+    batch_mean_distance,
+    batch_mmd,
+    build_layout,
+    config_from_dict,
+)
+
+CHECKPOINT_FORMAT = 1
+WEIGHTS_FORMAT = 1
+
+HISTORY_COLUMNS = [
+    "epoch",
+    "train_recon",
+    "train_adversary",
+    "train_batch_mean",
+    "train_mmd",
+    "train_total",
+    "val_recon",
+    "train_disc_acc",
+    "val_disc_acc",
+    "lr",
+    "adversary_weight",
+    "seconds",
+]
+
+
+@dataclass
+class TrainConfig:
+    """Optimization and objective settings."""
+
+    adversary_weight: float = 0.1  # strength of the reversed gradient into the encoder
+    # Whitened distance between the batches' latent means (see batch_mean_distance). The
+    # adversary alone saturated on simulated data (a perfect discriminator passes back no
+    # gradient); this term removes what a linear classifier finds, and then the
+    # adversary has something left to act on.
+    batch_mean_weight: float = 1.0
+    mmd_weight: float = 0.0
+    adversary_rampup_epochs: int = 20  # all batch-removal weights ramp up linearly
+    lr: float = 1e-3
+    weight_decay: float = 1e-2
+    batch_size: int = 64
+    max_epochs: int = 80
+    warmup_fraction: float = 0.05  # of all steps, then cosine decay to 0
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    val_fraction: float = 0.1  # held out, stratified by batch; 0 disables validation
+    patience: int = 10  # epochs without improvement of validation reconstruction
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> TrainConfig:
+        return config_from_dict(cls, data, "train config")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self, source: str = "train config") -> None:
+        checks = {
+            "adversary_weight": self.adversary_weight >= 0,
+            "adversary_rampup_epochs": self.adversary_rampup_epochs >= 0,
+            "batch_mean_weight": self.batch_mean_weight >= 0,
+            "mmd_weight": self.mmd_weight >= 0,
+            "lr": self.lr > 0,
+            "weight_decay": self.weight_decay >= 0,
+            "batch_size": self.batch_size >= 1,
+            "max_epochs": self.max_epochs >= 1,
+            "warmup_fraction": 0 <= self.warmup_fraction < 1,
+            "grad_clip": self.grad_clip >= 0,
+            "val_fraction": 0 <= self.val_fraction < 1,
+            "patience": self.patience >= 1,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise InputError(f"{source}.{name}", f"invalid value {getattr(self, name)!r}")
+
+
+class TrainingDivergedError(RuntimeError):
+    """A loss became NaN or infinite."""
+
+
+# --------------------------------------------------------------------------------------
+# Small helpers
+# --------------------------------------------------------------------------------------
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """ "auto" -> CUDA when available, else CPU; "cpu", "cuda", "cuda:1" as given."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise InputError("device", f"cannot parse {device!r} ({err})") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError("device", f"{device!r} requested but CUDA is not available")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise InputError("device", f"{device!r}: only {torch.cuda.device_count()} GPU(s)")
+    elif dev.type != "cpu":
+        raise InputError("device", f"unsupported device {device!r} (use auto, cpu or cuda[:N])")
+    return dev
+
+
+def autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA (no loss scaling needed); fp32 on CPU, where bf16 is slow."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def deterministic(enabled: bool) -> Iterator[None]:
+    """Turn on ``torch.use_deterministic_algorithms`` for the block, then restore."""
+    before = torch.are_deterministic_algorithms_enabled()
+    before_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    if enabled:
+        torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before, warn_only=before_warn)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)  # noqa: NPY002 - the global state third-party code uses
+    torch.manual_seed(seed)
+
+
+def as_matrix(X: Any, source: str = "expression matrix") -> np.ndarray:
+    """A DataFrame or array -> C-contiguous float32 (n, L)."""
+    arr = X.to_numpy() if isinstance(X, pd.DataFrame) else np.asarray(X)
+    if arr.ndim != 2:
+        raise InputError(source, f"expected a 2-d samples x loci matrix, got shape {arr.shape}")
+    try:
+        return np.ascontiguousarray(arr, dtype=np.float32)
+    except (TypeError, ValueError) as err:
+        raise InputError(source, f"values are not numeric ({err})") from None
+
+
+def stratified_split(
+    codes: np.ndarray, fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Hold out ``fraction`` of every batch (at least one sample of batches with >= 2)."""
+    rng = np.random.default_rng([seed, 1])  # a stream of its own, independent of torch
+    train, val = [], []
+    for b in np.unique(codes):
+        idx = np.flatnonzero(codes == b)
+        rng.shuffle(idx)
+        k = round(fraction * len(idx))
+        if fraction > 0 and len(idx) >= 2:
+            k = min(max(k, 1), len(idx) - 1)
+        val.append(idx[:k])
+        train.append(idx[k:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
+
+
+def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
+    """Linear warm-up to 1, then cosine decay to 0 at ``total_steps``."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def ramp_at(epoch: int, config: TrainConfig) -> float:
+    """Factor in (0, 1] on every batch-removal term for 0-based ``epoch``: linear ramp."""
+    if config.adversary_rampup_epochs == 0:
+        return 1.0
+    return min(1.0, (epoch + 1) / config.adversary_rampup_epochs)
+
+
+def configure_optimizer(model: LocusFormer, config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on the weight matrices of linear layers only.
+
+    Decay pulls a parameter towards zero. For projection matrices that is regularization;
+    for biases, norms, embeddings and per-locus vectors it would only fight the fit.
+    """
+    decay = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    params = list(model.parameters())
+    groups = [
+        {"params": [p for p in params if id(p) in decay], "weight_decay": config.weight_decay},
+        {"params": [p for p in params if id(p) not in decay], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=config.lr)
+
+
+def fingerprint(
+    X: np.ndarray,
+    batch_labels: Sequence[str],
+    loci: pd.DataFrame,
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    seed: int,
+) -> str:
+    """Hash of everything that determines a training run (not the device)."""
+    h = hashlib.blake2b(digest_size=16)
+    meta = {
+        "model": model_config.to_dict(),
+        "train": train_config.to_dict(),
+        "seed": seed,
+        "shape": list(X.shape),
+        "batches": list(map(str, batch_labels)),
+        "loci": loci.astype(str).to_dict(orient="list"),
+    }
+    h.update(json.dumps(meta, sort_keys=True).encode())
+    h.update(memoryview(X).cast("B"))
+    return h.hexdigest()
+
+
+def _rng_state(generator: torch.Generator) -> dict[str, Any]:
+    np_state = np.random.get_state()  # noqa: NPY002
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "generator": generator.get_state(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "python": random.getstate(),
+    }
+
+
+def _set_rng_state(state: Mapping[str, Any], generator: torch.Generator) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    generator.set_state(state["generator"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))  # noqa: NPY002
+    random.setstate(state["python"])
+
+
+def _cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+def _write_history(path: str | os.PathLike, history: list[dict[str, float]]) -> None:
+    frame = pd.DataFrame(history, columns=HISTORY_COLUMNS)
+    with atomic.atomic_path(path) as tmp:
+        frame.to_csv(tmp, sep="\t", index=False)
+
+
+# --------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _State:
+    """Everything an epoch changes besides the model, optimizer and scheduler."""
+
+    epoch: int = 0  # epochs completed
+    best_loss: float = math.inf
+    best_state: dict[str, torch.Tensor] | None = None
+    bad_epochs: int = 0
+    stopped: bool = False
+    history: list[dict[str, float]] = dataclasses.field(default_factory=list)
+
+
+@dataclass
+class _Run:
+    """The fixed parts of one training run."""
+
+    model: LocusFormer
+    Xs: torch.Tensor  # (n, L) standardized expression, on the host
+    codes: torch.Tensor  # (n,) batch codes
+    train_rows: torch.Tensor
+    val_rows: np.ndarray
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    generator: torch.Generator  # shuffling
+    tc: TrainConfig
+    device: torch.device
+    fingerprint: str
+    n_bad_inputs: int  # non-finite input values, for the divergence message
+
+
+def train_corrector(
+    X: np.ndarray | pd.DataFrame,
+    batch_labels: Sequence[str],
+    loci: pd.DataFrame,
+    model_config: ModelConfig | Mapping[str, Any] | None = None,
+    train_config: TrainConfig | Mapping[str, Any] | None = None,
+    *,
+    seed: int,
+    device: str | torch.device = "auto",
+    checkpoint_path: str | os.PathLike | None = None,
+    log_path: str | os.PathLike | None = None,
+    progress: bool = True,
+    on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
+) -> tuple[LocusFormer, pd.DataFrame]:
+    """Train a batch corrector on ``X`` (samples x loci log-expression, genomic order).
+
+    Parameters
+    ----------
+    batch_labels
+        One batch name per sample. Cell-type labels are never an input.
+    loci
+        One row per column of ``X`` (``gene_id``, ``chrom``, ``start``, ...).
+    seed
+        Fixes initial weights, validation split, shuffling and dropout.
+    device
+        "auto" (CUDA if available, else CPU), "cpu", "cuda" or "cuda:N".
+    checkpoint_path
+        Written atomically after every epoch; an existing checkpoint of the same run
+        (same data, configs and seed) is resumed, any other is ignored with a warning.
+    log_path
+        Per-epoch TSV of the history, rewritten after every epoch.
+    on_epoch_end
+        Called with (epoch, history row) after each epoch's checkpoint is written.
+
+    Returns
+    -------
+    The model with the best weights (lowest validation reconstruction once the adversary
+    is at full strength), in eval mode, and the per-epoch history.
+    """
+    mc = (
+        model_config
+        if isinstance(model_config, ModelConfig)
+        else ModelConfig.from_dict(model_config)
+    )
+    tc = (
+        train_config
+        if isinstance(train_config, TrainConfig)
+        else TrainConfig.from_dict(train_config)
+    )
+    mc.validate()
+    tc.validate()
+    X = as_matrix(X)
+    labels = [str(b) for b in batch_labels]
+    n, L = X.shape
+    if len(labels) != n:
+        raise InputError("batch labels", f"{len(labels)} labels for {n} samples")
+    if len(loci) != L:
+        raise InputError("loci table", f"{len(loci)} rows for {L} loci (columns of X)")
+    if n < 2:
+        raise InputError("expression matrix", f"need at least 2 samples, got {n}")
+    batch_names = sorted(set(labels))
+    codes = np.array([batch_names.index(b) for b in labels], dtype=np.int64)
+    gene_ids = loci["gene_id"].astype(str).tolist() if "gene_id" in loci.columns else None
+    dev = resolve_device(device)
+    n_bad_inputs = int(np.size(X) - np.isfinite(X).sum())
+
+    with deterministic(dev.type == "cpu"):
+        seed_everything(seed)
+        train_idx, val_idx = stratified_split(codes, tc.val_fraction, seed)
+        mean = X[train_idx].mean(axis=0, dtype=np.float64)
+        std = X[train_idx].std(axis=0, dtype=np.float64)
+        layout = build_layout(loci, mc.patch_size, mc.position_scale, mc.coordinate_unit)
+        model = LocusFormer(mc, layout, batch_names, gene_ids)
+        model.set_standardization(mean, std)
+        model.to(dev)
+        # Standardize once on the host; batches are then plain row lookups.
+        Xs = torch.from_numpy(X)
+        Xs = (Xs - model.gene_mean.cpu()) / model.gene_std.cpu()
+        codes_t = torch.from_numpy(codes)
+
+        optimizer = configure_optimizer(model, tc)
+        steps_per_epoch = math.ceil(len(train_idx) / tc.batch_size)
+        total_steps = steps_per_epoch * tc.max_epochs
+        warmup_steps = max(1, round(tc.warmup_fraction * total_steps))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, warmup_cosine(total_steps, warmup_steps)
+        )
+        generator = torch.Generator().manual_seed(seed)
+        state = _State()
+        fp = fingerprint(X, labels, loci, mc, tc, seed)
+        if checkpoint_path is not None:
+            state = _resume(checkpoint_path, fp, model, optimizer, scheduler, generator) or state
+
+        bar = tqdm(
+            total=tc.max_epochs,
+            initial=state.epoch,
+            desc="train",
+            unit="epoch",
+            file=sys.stderr,
+            disable=not progress,
+            leave=False,
+        )
+        run = _Run(
+            model, Xs, codes_t, torch.from_numpy(train_idx), val_idx, optimizer, scheduler,
+            generator, tc, dev, fp, n_bad_inputs,
+        )  # fmt: skip
+        with bar:
+            _train_epochs(run, state, checkpoint_path, log_path, on_epoch_end, bar)
+
+    if state.best_state is not None:
+        model.load_state_dict(state.best_state)
+    model.eval()
+    model.train_seed = seed
+    if log_path is not None:
+        _write_history(log_path, state.history)
+    return model, pd.DataFrame(state.history, columns=HISTORY_COLUMNS)
+
+
+def _train_epochs(
+    run: _Run,
+    state: _State,
+    checkpoint_path: str | os.PathLike | None,
+    log_path: str | os.PathLike | None,
+    on_epoch_end: Callable[[int, dict[str, float]], None] | None,
+    bar: tqdm,
+) -> None:
+    """Run epochs until ``max_epochs`` or early stopping, updating ``state`` in place."""
+    tc, model = run.tc, run.model
+    while state.epoch < tc.max_epochs and not state.stopped:
+        epoch = state.epoch  # 0-based index of the epoch about to run
+        t0 = time.perf_counter()
+        ramp = ramp_at(epoch, tc)
+        model.train()
+        row = {"epoch": epoch + 1, **_run_epoch(run, ramp, epoch)}
+        row.update(_validate(model, run.Xs, run.codes, run.val_rows, tc.batch_size, run.device))
+        row["lr"] = run.scheduler.get_last_lr()[0]
+        row["adversary_weight"] = ramp * tc.adversary_weight
+        row["seconds"] = time.perf_counter() - t0
+        state.history.append(row)
+
+        # Early stopping only once the adversary is at full strength: before, the
+        # lowest reconstruction loss belongs to the least batch-corrected model.
+        monitored = row["val_recon"] if len(run.val_rows) else row["train_recon"]
+        if epoch + 1 >= tc.adversary_rampup_epochs:
+            if monitored < state.best_loss:
+                state.best_loss = monitored
+                state.best_state = _cpu_state(model)
+                state.bad_epochs = 0
+            else:
+                state.bad_epochs += 1
+                state.stopped = state.bad_epochs >= tc.patience
+        state.epoch = epoch + 1
+
+        if checkpoint_path is not None:
+            _save_checkpoint(checkpoint_path, run, state)
+        if log_path is not None:
+            _write_history(log_path, state.history)
+        bar.update(1)
+        bar.set_postfix(
+            recon=f"{row['train_recon']:.3f}",
+            val=f"{row['val_recon']:.3f}",
+            acc=f"{row['train_disc_acc']:.2f}",
+        )
+        if on_epoch_end is not None:
+            on_epoch_end(epoch + 1, row)
+
+
+def _batches(
+    Xs: torch.Tensor, codes: torch.Tensor, rows: torch.Tensor, batch_size: int, dev: torch.device
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yield (x, batch) for ``rows`` in chunks, on ``dev``."""
+    cuda = dev.type == "cuda"
+    for chunk in rows.split(batch_size):
+        xb, bb = Xs.index_select(0, chunk), codes.index_select(0, chunk)
+        if cuda:
+            # The caching host allocator keeps a pinned block alive until its copy is
+            # done, so the non-blocking copy from a fresh pinned tensor is safe.
+            xb, bb = xb.pin_memory(), bb.pin_memory()
+        yield xb.to(dev, non_blocking=cuda), bb.to(dev, non_blocking=cuda)
+
+
+def _run_epoch(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
+    """One pass over the training rows; returns mean losses and discriminator accuracy."""
+    model, tc, optimizer, dev = run.model, run.tc, run.optimizer, run.device
+    weight = ramp * tc.adversary_weight
+    order = run.train_rows[torch.randperm(len(run.train_rows), generator=run.generator)]
+    # Per-step losses stay on the device (no sync per step); checked once per epoch.
+    per_step, correct, seen = [], 0, 0
+    for xb, bb in _batches(run.Xs, run.codes, order, tc.batch_size, dev):
+        with autocast(dev):
+            out = model(xb, bb, adversary_weight=weight)
+        recon = F.mse_loss(out.recon.float(), xb)
+        # The discriminator minimizes its cross-entropy at full strength; the gradient
+        # reversal hands the encoder -weight times that gradient.
+        adversary = F.cross_entropy(out.batch_logits.float(), bb)
+        mean_dist = batch_mean_distance(out.latent, bb, model.n_batches)
+        mmd = batch_mmd(out.latent, bb, model.n_batches)
+        total = recon + adversary + ramp * (tc.batch_mean_weight * mean_dist + tc.mmd_weight * mmd)
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        if tc.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        optimizer.step()
+        run.scheduler.step()
+        per_step.append(torch.stack([recon, adversary, mean_dist, mmd, total]).detach())
+        correct += (out.batch_logits.argmax(-1) == bb).sum()
+        seen += len(bb)
+    losses = torch.stack(per_step).cpu()  # (steps, 5)
+    bad = (~torch.isfinite(losses)).any(dim=1)
+    if bool(bad.any()):
+        step = int(bad.nonzero()[0, 0])
+        r, a, d, m, t = losses[step].tolist()
+        bad_in = run.n_bad_inputs
+        hint = f"; the input has {bad_in} non-finite values" if bad_in else ""
+        raise TrainingDivergedError(
+            f"training diverged at epoch {epoch + 1}, step {step + 1}: total loss {t} "
+            f"(reconstruction {r}, adversary {a}, batch mean {d}, mmd {m}){hint}"
+        )
+    mean = losses.mean(dim=0).tolist()
+    return {
+        "train_recon": mean[0],
+        "train_adversary": mean[1],
+        "train_batch_mean": mean[2],
+        "train_mmd": mean[3],
+        "train_total": mean[4],
+        "train_disc_acc": float(correct) / max(1, seen),
+    }
+
+
+@torch.inference_mode()
+def _validate(
+    model: LocusFormer,
+    Xs: torch.Tensor,
+    codes: torch.Tensor,
+    val_rows: np.ndarray,
+    batch_size: int,
+    dev: torch.device,
+) -> dict[str, float]:
+    """Reconstruction loss (own batch) and discriminator accuracy on held-out samples."""
+    if len(val_rows) == 0:
+        return {"val_recon": math.nan, "val_disc_acc": math.nan}
+    was_training = model.training
+    model.eval()
+    sq, correct = 0.0, 0
+    for xb, bb in _batches(Xs, codes, torch.from_numpy(val_rows), max(batch_size, 256), dev):
+        with autocast(dev):
+            out = model(xb, bb)
+        sq += float(F.mse_loss(out.recon.float(), xb, reduction="sum"))
+        correct += int((out.batch_logits.argmax(-1) == bb).sum())
+    model.train(was_training)
+    return {
+        "val_recon": sq / (len(val_rows) * Xs.shape[1]),
+        "val_disc_acc": correct / len(val_rows),
+    }
+
+
+# --------------------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------------------
+
+
+def _save_checkpoint(path: str | os.PathLike, run: _Run, state: _State) -> None:
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "fingerprint": run.fingerprint,
+        "model": _cpu_state(run.model),
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "rng": _rng_state(run.generator),
+        "epoch": state.epoch,
+        "best_loss": state.best_loss,
+        "best_state": state.best_state,
+        "bad_epochs": state.bad_epochs,
+        "stopped": state.stopped,
+        "history": state.history,
+    }
+    with atomic.atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+
+
+def _resume(
+    path: str | os.PathLike,
+    fp: str,
+    model: LocusFormer,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    generator: torch.Generator,
+) -> _State | None:
+    """Restore a matching checkpoint into the given objects; None if there is none."""
+    if not Path(path).exists():
+        return None
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a torn or foreign file: start over, don't crash
+        warnings.warn(f"{path}: unreadable checkpoint ({err}); starting fresh", stacklevel=3)
+        return None
+    if ckpt.get("format") != CHECKPOINT_FORMAT or ckpt.get("fingerprint") != fp:
+        warnings.warn(
+            f"{path}: checkpoint is from a different run (data, config or seed); starting fresh",
+            stacklevel=3,
+        )
+        return None
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    _set_rng_state(ckpt["rng"], generator)
+    return _State(
+        epoch=ckpt["epoch"],
+        best_loss=ckpt["best_loss"],
+        best_state=ckpt["best_state"],
+        bad_epochs=ckpt["bad_epochs"],
+        stopped=ckpt["stopped"],
+        history=list(ckpt["history"]),
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Saving and loading a trained model
+# --------------------------------------------------------------------------------------
+
+
+def save_model(
+    model: LocusFormer,
+    weights_path: str | os.PathLike,
+    config_path: str | os.PathLike,
+    *,
+    seed: int | None = None,
+    loci: pd.DataFrame | None = None,
+) -> None:
+    """Write weights (torch.save of tensors, names and the loci table) and a JSON config.
+
+    Both writes are atomic. ``seed`` defaults to the seed the model was trained with.
+    ``loci``, when given, is stored so that correction can rebuild the AnnData ``var``.
+    """
+    payload: dict[str, Any] = {
+        "format": WEIGHTS_FORMAT,
+        "state_dict": _cpu_state(model),
+        "batch_names": list(model.batch_names),
+        "gene_ids": list(model.gene_ids) if model.gene_ids is not None else None,
+        "loci": _loci_to_plain(loci) if loci is not None else None,
+    }
+    config = {
+        "model_config": model.config.to_dict(),
+        "batch_names": list(model.batch_names),
+        "n_loci": model.n_loci,
+        "n_tokens": model.n_tokens,
+        "locusformer_version": locusformer.__version__,
+        "torch_version": torch.__version__,
+        "seed": seed if seed is not None else getattr(model, "train_seed", None),
+    }
+    with atomic.atomic_path(weights_path) as tmp:
+        torch.save(payload, tmp)
+    atomic.write_text(config_path, json.dumps(config, indent=2) + "\n")
+
+
+def load_model(weights_path: str | os.PathLike, config_path: str | os.PathLike) -> LocusFormer:
+    """Load what :func:`save_model` wrote, on CPU, in eval mode.
+
+    The weights are read with ``torch.load(weights_only=True)``: a file that would run
+    code when unpickled is refused with an :class:`InputError`.
+    """
+    try:
+        config = json.loads(Path(config_path).read_text(encoding="utf-8"))
+        model_config = ModelConfig.from_dict(config["model_config"])
+    except FileNotFoundError:
+        raise InputError(config_path, "model config not found") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise InputError(config_path, f"not a LocusFormer model config ({err})") from None
+    try:
+        payload = torch.load(weights_path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise InputError(weights_path, "model weights not found") from None
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(
+            weights_path,
+            f"refused to load: the file holds objects other than tensors and plain data, "
+            f"which could run code ({first[:120]})",
+        ) from None
+    except Exception as err:
+        raise InputError(
+            weights_path, f"cannot read model weights ({type(err).__name__}: {err})"
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != WEIGHTS_FORMAT:
+        raise InputError(weights_path, "not a LocusFormer weights file")
+    if payload["batch_names"] != config.get("batch_names"):
+        raise InputError(config_path, f"batch names do not match {weights_path}")
+    try:
+        model = LocusFormer.from_state_dict(
+            model_config, payload["state_dict"], payload["batch_names"], payload["gene_ids"]
+        )
+    except (KeyError, RuntimeError, ValueError) as err:
+        raise InputError(weights_path, f"weights do not match {config_path} ({err})") from None
+    model.loci = _loci_from_plain(payload.get("loci"))
+    model.train_seed = config.get("seed")
+    return model.eval()
+
+
+def _loci_to_plain(loci: pd.DataFrame) -> dict[str, list]:
+    """Loci table -> dict of lists of str/int/bool/None (allowed by weights_only)."""
+    out: dict[str, list] = {}
+    for col in loci.columns:
+        values = loci[col].astype(object).where(loci[col].notna(), None).tolist()
+        out[str(col)] = [v.item() if isinstance(v, np.generic) else v for v in values]
+    return out
+
+
+def _loci_from_plain(data: Mapping[str, list] | None) -> pd.DataFrame | None:
+    if data is None:
+        return None
+    frame = pd.DataFrame(dict(data))
+    for col in ("start", "end", "position"):
+        if col in frame.columns:
+            frame[col] = pd.array(frame[col].tolist(), dtype="Int64")
+    if "position" in frame.columns and not frame["position"].isna().any():
+        frame["position"] = frame["position"].astype("int64")
+    if "placed" in frame.columns:
+        frame["placed"] = frame["placed"].astype(bool)
+    if "chrom" in frame.columns:
+        frame["chrom"] = frame["chrom"].fillna("").astype(str)
+    return frame
+
+
+# --------------------------------------------------------------------------------------
+# File-level step for the CLI
+# --------------------------------------------------------------------------------------
+
+
+def read_ordered(path: str | os.PathLike) -> pd.DataFrame:
+    """The samples x loci matrix written by preprocessing (index sample_id)."""
+    from locusformer.io import read_matrix_parquet  # anndata is slow to import
+
+    if not Path(path).exists():
+        raise InputError(path, "file not found")
+    frame = read_matrix_parquet(path)
+    if frame.index.name != "sample_id" and "sample_id" in frame.columns:
+        frame = frame.set_index("sample_id")
+    frame.index = frame.index.astype(str)
+    frame.columns = frame.columns.astype(str)
+    if frame.index.has_duplicates:
+        dup = frame.index[frame.index.duplicated()][0]
+        raise InputError(path, f"duplicate sample id {dup!r}")
+    return frame
+
+
+def read_batches(
+    samples_path: str | os.PathLike, batch_key: str, sample_ids: pd.Index
+) -> pd.DataFrame:
+    """The sample table, indexed by sample_id and ordered like ``sample_ids``."""
+    try:
+        table = pd.read_csv(samples_path, sep="\t", dtype=str, keep_default_na=False)
+    except FileNotFoundError:
+        raise InputError(samples_path, "file not found") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as err:
+        raise InputError(samples_path, f"cannot read TSV ({err})") from None
+    for column in ("sample_id", batch_key):
+        if column not in table.columns:
+            raise InputError(samples_path, f"missing column {column!r}")
+    table = table.set_index("sample_id")
+    missing = sample_ids.difference(table.index)
+    if len(missing):
+        raise InputError(samples_path, f"no row for sample {missing[0]!r} ({len(missing)} missing)")
+    table = table[~table.index.duplicated(keep="first")].loc[sample_ids]
+    if (table[batch_key] == "").any():
+        bad = table.index[table[batch_key] == ""][0]
+        raise InputError(samples_path, f"empty {batch_key!r} for sample {bad!r}")
+    return table
+
+
+def split_params(params: Mapping[str, Any] | None) -> tuple[ModelConfig, TrainConfig]:
+    """{"model": {...}, "train": {...}} overrides -> the two configs."""
+    params = dict(params or {})
+    unknown = set(params) - {"model", "train"}
+    if unknown:
+        raise InputError("params", f"unknown key {sorted(unknown)[0]!r} (valid keys: model, train)")
+    return ModelConfig.from_dict(params.get("model")), TrainConfig.from_dict(params.get("train"))
+
+
+def run_train(
+    ordered_path: str | os.PathLike,
+    loci_path: str | os.PathLike,
+    samples_path: str | os.PathLike,
+    batch_key: str,
+    params: Mapping[str, Any] | None,
+    weights_out: str | os.PathLike,
+    config_out: str | os.PathLike,
+    history_out: str | os.PathLike,
+    checkpoint_path: str | os.PathLike | None,
+    seed: int,
+    device: str = "auto",
+    *,
+    attention_out: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> LocusFormer:
+    """Train from the preprocessing outputs and write weights, config and history TSV.
+
+    ``params`` has optional sub-dicts "model" and "train" of config overrides.
+    ``attention_out``, if given, receives an .npz with the mean attention map
+    (``attention``: layers x heads x tokens x tokens) plus token chromosome/position.
+    """
+    model_config, train_config = split_params(params)
+    ordered = read_ordered(ordered_path)
+    try:
+        loci = pd.read_parquet(loci_path, engine="pyarrow")
+    except FileNotFoundError:
+        raise InputError(loci_path, "file not found") from None
+    except Exception as err:
+        raise InputError(loci_path, f"cannot read parquet ({type(err).__name__}: {err})") from None
+    if "gene_id" not in loci.columns:
+        raise InputError(loci_path, "missing column 'gene_id'")
+    genes = loci["gene_id"].astype(str).tolist()
+    if genes != ordered.columns.tolist():
+        raise InputError(loci_path, f"gene ids do not match the columns of {ordered_path}")
+    batches = read_batches(samples_path, batch_key, ordered.index)[batch_key].tolist()
+    model, history = train_corrector(
+        ordered.to_numpy(dtype=np.float32),
+        batches,
+        loci,
+        model_config,
+        train_config,
+        seed=seed,
+        device=device,
+        checkpoint_path=checkpoint_path,
+        progress=progress,
+    )
+    save_model(model, weights_out, config_out, seed=seed, loci=loci)
+    with atomic.atomic_path(history_out) as tmp:
+        history.to_csv(tmp, sep="\t", index=False)
+    if attention_out is not None:
+        from locusformer.correct import write_attention  # correct imports this module
+
+        write_attention(model.cpu(), ordered.to_numpy(dtype=np.float32), batches, attention_out)
+    return model
+
+
+__all__ = [
+    "HISTORY_COLUMNS",
+    "TrainConfig",
+    "TrainingDivergedError",
+    "load_model",
+    "read_batches",
+    "read_ordered",
+    "resolve_device",
+    "run_train",
+    "save_model",
+    "train_corrector",
+]

@@ -1,0 +1,235 @@
+"""Model parts: positional encoding, layout, equivariance, configs, losses."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from locusformer.errors import InputError
+from locusformer.model import (
+    UNPLACED,
+    LocusFormer,
+    ModelConfig,
+    batch_mean_distance,
+    batch_mmd,
+    build_layout,
+    chromosome_code,
+    grad_reverse,
+    masked_mean,
+    sinusoidal_encoding,
+)
+from locusformer.simulate import simulate
+from locusformer.train import TrainConfig
+
+
+def loci_table() -> pd.DataFrame:
+    """5 loci on chr1, 3 on chr2, 2 unplaced."""
+    chr1 = [1_000_000, 2_000_000, 3_000_000, 4_000_000, 9_000_000]
+    chr2 = [500_000, 1_500_000, 2_500_000]
+    start = pd.array([*chr1, *chr2, None, None], dtype="Int64")
+    return pd.DataFrame(
+        {
+            "gene_id": [f"g{i}" for i in range(10)],
+            "chrom": ["chr1"] * 5 + ["chr2"] * 3 + ["", ""],
+            "start": start,
+            "end": start + 10,
+            "position": np.arange(10),
+            "placed": [True] * 8 + [False] * 2,
+        }
+    )
+
+
+def test_sinusoidal_encoding_matches_formula() -> None:
+    d = 6
+    positions = torch.tensor([0.0, 1.0, 7.0, 123.5])
+    pe = sinusoidal_encoding(positions, d)
+    assert pe.shape == (4, d)
+    for r, pos in enumerate(positions.tolist()):
+        for i in range(d // 2):
+            angle = pos / 10000 ** (2 * i / d)
+            assert pe[r, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert pe[r, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_layout_patches_never_straddle_chromosomes() -> None:
+    layout = build_layout(loci_table(), patch_size=2)
+    n = 10  # the padding slot index
+    assert layout.n_loci == n
+    assert layout.token_index.tolist() == [[0, 1], [2, 3], [4, n], [5, 6], [7, n], [8, 9]]
+    assert layout.token_chrom.tolist() == [0, 0, 0, 1, 1, UNPLACED]
+    assert layout.token_position.tolist() == [0, 1, 2, 3, 4, 5]  # "rank": token index
+
+
+def test_layout_coordinate_positions_are_megabases_per_chromosome() -> None:
+    layout = build_layout(loci_table(), patch_size=2, position_scale="coordinate")
+    # chr1: mean starts 1.5, 3.5, 9 Mb; chr2: 1, 2.5 Mb; unplaced: index within its run.
+    want = [1.5, 3.5, 9.0, 1.0, 2.5, 0.0]
+    assert layout.token_position.tolist() == pytest.approx(want)
+
+
+def test_chromosome_codes() -> None:
+    assert chromosome_code("chr1") == chromosome_code("1") == 0
+    assert chromosome_code("chrX") == 22
+    assert chromosome_code("MT") == chromosome_code("chrM") == 24
+    for other in ["", None, "chrUn_KI270302v1", "scaffold_9"]:
+        assert chromosome_code(other) == UNPLACED
+
+
+def tiny_config(**overrides: object) -> ModelConfig:
+    base = dict(patch_size=2, d_model=16, n_heads=2, n_layers=2, latent_dim=4, dropout=0.0)
+    base.update(overrides)
+    return ModelConfig(**base)
+
+
+def test_without_position_identity_or_chromosome_the_encoder_is_permutation_equivariant() -> None:
+    config = tiny_config(
+        patch_size=1, positional_encoding=False, chromosome_embedding=False, locus_embedding="none"
+    )
+    torch.manual_seed(0)
+    model = LocusFormer(config, build_layout(loci_table(), 1), ["a", "b"]).eval()
+    x = torch.randn(3, 10)
+    perm = torch.randperm(10)
+    with torch.no_grad():
+        h, _ = model.encoder(model.embed(x))  # (B, T, D) token states
+        h_perm, _ = model.encoder(model.embed(x[:, perm]))
+    torch.testing.assert_close(h_perm, h[:, perm], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "switch",
+    [{"positional_encoding": True}, {"chromosome_embedding": True}, {"locus_embedding": "vector"}],
+)
+def test_each_identity_signal_breaks_equivariance(switch: dict) -> None:
+    off = {"positional_encoding": False, "chromosome_embedding": False, "locus_embedding": "none"}
+    config = tiny_config(patch_size=1, **{**off, **switch})
+    torch.manual_seed(0)
+    model = LocusFormer(config, build_layout(loci_table(), 1), ["a", "b"]).eval()
+    if model.embed.locus_vector is not None:  # starts at zero; give it something
+        torch.nn.init.normal_(model.embed.locus_vector)
+    x = torch.randn(3, 10)
+    perm = torch.arange(10).flip(0)
+    with torch.no_grad():
+        h, _ = model.encoder(model.embed(x))
+        h_perm, _ = model.encoder(model.embed(x[:, perm]))
+    assert not torch.allclose(h_perm, h[:, perm], atol=1e-3)
+
+
+def test_forward_shapes_and_standardization_round_trip() -> None:
+    sim = simulate(n_samples=8, n_loci=30, seed=0)
+    model = LocusFormer(tiny_config(), build_layout(sim.loci, 2), ["a", "b", "c"])
+    X = torch.from_numpy(sim.X)
+    std = X.std(0)
+    std[3] = 0.0  # a constant gene must not divide by zero
+    model.set_standardization(X.mean(0), std)
+    assert model.gene_std[3] == 1.0
+    torch.testing.assert_close(model.unstandardize(model.standardize(X)), X)
+    out = model(model.standardize(X), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]))
+    assert out.latent.shape == (8, 4)
+    assert out.recon.shape == (8, 30)
+    assert out.batch_logits.shape == (8, 3)
+    _, weights = model.encode(model.standardize(X), need_weights=True)
+    assert len(weights) == 2 and weights[0].shape == (8, 2, model.n_tokens, model.n_tokens)
+
+
+def test_state_dict_round_trip_rebuilds_the_layout() -> None:
+    sim = simulate(n_samples=4, n_loci=30, seed=1)
+    config = tiny_config(position_scale="coordinate")
+    model = LocusFormer(config, build_layout(sim.loci, 2, "coordinate"), ["a", "b"]).eval()
+    again = LocusFormer.from_state_dict(config, model.state_dict(), ["a", "b"]).eval()
+    x, b = torch.randn(4, 30), torch.tensor([0, 1, 0, 1])
+    with torch.no_grad():
+        torch.testing.assert_close(again(x, b).recon, model(x, b).recon, atol=0, rtol=0)
+
+
+def test_reference_condition() -> None:
+    model = LocusFormer(tiny_config(), build_layout(loci_table(), 2), ["a", "b"])
+    mean = model.reference_condition("mean", 3, torch.device("cpu"))
+    torch.testing.assert_close(mean, torch.full((3, 2), 0.5))
+    torch.testing.assert_close(
+        model.reference_condition("b", 1, torch.device("cpu")), torch.tensor([[0.0, 1.0]])
+    )
+    with pytest.raises(InputError, match=r"unknown batch 'c' \(valid: mean, a, b\)"):
+        model.reference_condition("c", 1, torch.device("cpu"))
+
+
+def test_gradient_reversal_flips_and_scales_the_gradient() -> None:
+    x = torch.ones(3, requires_grad=True)
+    (grad_reverse(x, 0.25) * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    torch.testing.assert_close(x.grad, torch.tensor([-0.25, -0.5, -0.75]))
+
+
+def test_masked_mean() -> None:
+    h = torch.arange(12.0).view(1, 4, 3)
+    mask = torch.tensor([[False, False, True, True]])
+    torch.testing.assert_close(masked_mean(h, mask), torch.tensor([[1.5, 2.5, 3.5]]))
+    torch.testing.assert_close(
+        masked_mean(h, mask, scaled=True), torch.tensor([[1.5, 2.5, 3.5]]) * 2**0.5
+    )
+
+
+def test_batch_mean_distance_is_scale_free_and_zero_for_equal_means() -> None:
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(40, 5, generator=g)
+    batch = torch.arange(40) % 2
+    shifted = z + batch[:, None] * torch.tensor([0.0, 0.0, 0.0, 0.0, 0.05])
+    a = batch_mean_distance(shifted, batch, 2)
+    torch.testing.assert_close(batch_mean_distance(1000 * shifted, batch, 2), a, rtol=1e-4, atol=0)
+    centered = z - torch.stack([z[batch == b].mean(0) for b in (0, 1)])[batch]
+    assert batch_mean_distance(centered, batch, 2).item() == pytest.approx(0.0, abs=1e-10)
+    one_batch = torch.zeros(40, dtype=torch.long)
+    assert batch_mean_distance(z, one_batch, 2).item() == pytest.approx(0.0, abs=1e-10)
+    assert batch_mmd(z, batch, 2).item() >= -1e-6
+
+
+def test_config_dicts() -> None:
+    config = ModelConfig.from_dict({"patch_size": 4, "dropout": "0.2"})
+    assert config.patch_size == 4 and config.dropout == 0.2
+    assert ModelConfig.from_dict(config.to_dict()) == config
+    assert TrainConfig.from_dict({"lr": "1e-3"}).lr == 1e-3  # YAML reads 1e-3 as a string
+    assert TrainConfig.from_dict(None) == TrainConfig()
+    with pytest.raises(InputError, match="unknown key 'patchsize'"):
+        ModelConfig.from_dict({"patchsize": 4})
+    with pytest.raises(InputError, match="unknown key 'learning_rate'"):
+        TrainConfig.from_dict({"learning_rate": 1e-3})
+    with pytest.raises(InputError, match="n_heads"):
+        ModelConfig.from_dict({"d_model": 30, "n_heads": 4})
+    with pytest.raises(InputError, match="positional_encoding"):
+        ModelConfig.from_dict({"positional_encoding": "yes"})
+    with pytest.raises(InputError, match="position_scale"):
+        ModelConfig.from_dict({"position_scale": "bp"})
+    with pytest.raises(InputError, match="patch_size"):
+        ModelConfig.from_dict({"patch_size": 2.5})
+
+
+def test_batch_terms_match_plain_loop_versions() -> None:
+    """The branch-free batch terms equal straightforward per-batch loops."""
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(30, 4, generator=g)
+    batch = torch.randint(0, 3, (30,), generator=g)
+    batch[batch == 2] = 0  # batches 2 and 3 absent
+    present = [b for b in range(4) if (batch == b).any()]
+
+    d2 = torch.cdist(z, z).pow(2)
+    kernel = sum(torch.exp(-d2 / (d2.mean() * s)) for s in (0.25, 1.0, 4.0))
+    terms = []
+    for b in present:
+        i = batch == b
+        terms.append(
+            kernel[i][:, i].mean() + kernel[~i][:, ~i].mean() - 2 * kernel[i][:, ~i].mean()
+        )
+    torch.testing.assert_close(batch_mmd(z, batch, 4), torch.stack(terms).mean())
+
+    means = {b: z[batch == b].mean(0) for b in present}
+    centered = torch.stack([z[i] - means[int(batch[i])] for i in range(30)])
+    s_w = centered.T @ centered / (30 - len(present))
+    s_w = s_w + 1e-2 * (s_w.trace() / 4 + 1e-8) * torch.eye(4)
+    mu = z.mean(0)
+    want = sum(
+        (batch == b).float().mean() * (means[b] - mu) @ torch.linalg.solve(s_w, means[b] - mu)
+        for b in present
+    )
+    torch.testing.assert_close(batch_mean_distance(z, batch, 4), want)

@@ -1,0 +1,242 @@
+"""Training: determinism, checkpoint resume, divergence, saving and loading."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from locusformer.correct import correct
+from locusformer.errors import InputError
+from locusformer.simulate import simulate
+from locusformer.train import (
+    HISTORY_COLUMNS,
+    TrainingDivergedError,
+    _validate,
+    load_model,
+    resolve_device,
+    save_model,
+    stratified_split,
+    train_corrector,
+)
+
+MODEL = dict(
+    patch_size=4,
+    d_model=16,
+    n_heads=2,
+    n_layers=1,
+    latent_dim=8,
+    decoder_hidden=32,
+    discriminator_hidden=16,
+)
+TRAIN = dict(max_epochs=3, batch_size=16, adversary_rampup_epochs=2)
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    # Tiny models gain nothing from threads, and a busy 2-core machine makes two
+    # OpenMP threads spin against each other.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[np.ndarray, list[str], pd.DataFrame]:
+    sim = simulate(n_samples=96, n_loci=60, n_batches=3, seed=3)
+    return sim.X, [f"batch{b}" for b in sim.batch], sim.loci
+
+
+def run(data, tmp: Path | None = None, seed: int = 0, **kwargs):
+    X, labels, loci = data
+    kwargs.setdefault("train_config", TRAIN)
+    return train_corrector(
+        X, labels, loci, MODEL, seed=seed, device="cpu", progress=False, **kwargs
+    )
+
+
+def same_state(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_same_seed_is_bit_identical_and_another_seed_is_not(data) -> None:
+    m1, h1 = run(data, seed=5)
+    m2, h2 = run(data, seed=5)
+    m3, _ = run(data, seed=6)
+    assert same_state(m1, m2)
+    pd.testing.assert_frame_equal(h1.drop(columns="seconds"), h2.drop(columns="seconds"))
+    assert not same_state(m1, m3)
+
+
+def test_history_log_and_checkpoint(data, tmp_path: Path) -> None:
+    _, history = run(data, checkpoint_path=tmp_path / "ckpt.pt", log_path=tmp_path / "log.tsv")
+    assert history.columns.tolist() == HISTORY_COLUMNS
+    assert history["epoch"].tolist() == [1, 2, 3]
+    assert history["adversary_weight"].tolist() == pytest.approx([0.05, 0.1, 0.1])
+    logged = pd.read_csv(tmp_path / "log.tsv", sep="\t")
+    pd.testing.assert_frame_equal(logged, history, check_dtype=False)
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert ckpt["epoch"] == 3
+    for key in ["model", "optimizer", "scheduler", "rng", "best_state", "bad_epochs", "history"]:
+        assert key in ckpt
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]  # atomic writes
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_resumed_run_ends_where_an_uninterrupted_run_ends(data, tmp_path: Path) -> None:
+    full, full_history = run(data, checkpoint_path=tmp_path / "full.pt")
+
+    def crash_after_first_epoch(epoch: int, row: dict) -> None:
+        if epoch == 1:
+            raise Interrupt
+
+    ckpt = tmp_path / "resumed.pt"
+    with pytest.raises(Interrupt):
+        run(data, checkpoint_path=ckpt, on_epoch_end=crash_after_first_epoch)
+    assert torch.load(ckpt, weights_only=True)["epoch"] == 1
+
+    epochs_run: list[int] = []
+    resumed, history = run(
+        data, checkpoint_path=ckpt, on_epoch_end=lambda e, r: epochs_run.append(e)
+    )
+    assert epochs_run == [2, 3]  # resumed after epoch 1, did not start over
+    assert same_state(resumed, full)
+    pd.testing.assert_frame_equal(
+        history.drop(columns="seconds"), full_history.drop(columns="seconds")
+    )
+
+    # A finished run's checkpoint is not trained further.
+    again, _ = run(data, checkpoint_path=ckpt, on_epoch_end=lambda e, r: epochs_run.append(e))
+    assert epochs_run == [2, 3] and same_state(again, full)
+
+
+def test_checkpoint_of_another_run_is_ignored_with_a_warning(data, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt.pt"
+    run(data, checkpoint_path=ckpt, seed=1)
+    fresh, _ = run(data, seed=2)
+    with pytest.warns(UserWarning, match="different run"):
+        model, history = run(data, checkpoint_path=ckpt, seed=2)
+    assert len(history) == 3 and same_state(model, fresh)
+    ckpt.write_bytes(b"not a checkpoint")
+    with pytest.warns(UserWarning, match="unreadable checkpoint"):
+        run(data, checkpoint_path=ckpt, seed=2)
+
+
+def test_returns_the_best_weights(data) -> None:
+    X, labels, _ = data
+    tc = dict(
+        max_epochs=40,
+        batch_size=16,
+        adversary_rampup_epochs=0,
+        lr=3e-2,
+        patience=3,
+        val_fraction=0.2,
+    )
+    model, history = run(data, train_config=tc)
+    best = int(history["val_recon"].idxmin()) + 1
+    assert len(history) == best + 3 < 40  # stopped after `patience` epochs without progress
+    # The model returned is the epoch with the lowest validation reconstruction.
+    batch_names = sorted(set(labels))
+    codes = np.array([batch_names.index(b) for b in labels])
+    _, val = stratified_split(codes, 0.2, 0)
+    Xs = model.standardize(torch.from_numpy(X))
+    val_recon = _validate(model, Xs, torch.from_numpy(codes), val, 16, torch.device("cpu"))[
+        "val_recon"
+    ]
+    assert val_recon == pytest.approx(history["val_recon"].min(), rel=1e-5)
+
+
+def test_stratified_split_keeps_every_batch() -> None:
+    codes = np.array([0] * 50 + [1] * 10 + [2] * 2)
+    train, val = stratified_split(codes, 0.1, seed=0)
+    assert sorted(np.concatenate([train, val]).tolist()) == list(range(62))
+    assert np.bincount(codes[val]).tolist() == [5, 1, 1]
+    assert set(codes[train]) == {0, 1, 2}
+
+
+def test_nan_input_raises_training_diverged_naming_epoch_and_step(data) -> None:
+    X, labels, loci = data
+    X = X.copy()
+    X[5, 7] = np.nan
+    with pytest.raises(
+        TrainingDivergedError, match=r"epoch 1, step 1\b.*1 non-finite values"
+    ) as err:
+        train_corrector(X, labels, loci, MODEL, TRAIN, seed=0, device="cpu", progress=False)
+    assert "\n" not in str(err.value)
+    assert isinstance(err.value, RuntimeError)
+
+
+def test_exploding_loss_raises_training_diverged(data) -> None:
+    tc = dict(TRAIN, lr=1e30, grad_clip=0.0, warmup_fraction=0.0)
+    with pytest.raises(TrainingDivergedError, match=r"epoch \d+, step \d+: total loss (nan|inf)"):
+        run(data, train_config=tc)
+
+
+def test_save_load_correct_is_identical(data, tmp_path: Path) -> None:
+    X, labels, loci = data
+    model, _ = run(data, seed=4)
+    save_model(model, tmp_path / "w.pt", tmp_path / "c.json", loci=loci)
+    config = json.loads((tmp_path / "c.json").read_text())
+    assert config["seed"] == 4 and config["n_loci"] == 60
+    assert config["batch_names"] == ["batch0", "batch1", "batch2"]
+    assert {"model_config", "locusformer_version", "torch_version"} <= set(config)
+    loaded = load_model(tmp_path / "w.pt", tmp_path / "c.json")
+    assert same_state(loaded, model)
+    assert loaded.gene_ids == loci["gene_id"].tolist()
+    pd.testing.assert_frame_equal(loaded.loci, loci, check_dtype=False)
+    for a, b in zip(
+        correct(model, X, labels, device="cpu"),
+        correct(loaded, X, labels, device="cpu"),
+        strict=True,
+    ):
+        assert np.array_equal(a, b)
+
+
+class Payload:
+    """Unpickling this would call a function: what weights_only must refuse."""
+
+    def __reduce__(self):
+        return (os.getcwd, ())
+
+
+def test_load_refuses_a_pickle_with_code(data, tmp_path: Path) -> None:
+    model, _ = run(data)
+    save_model(model, tmp_path / "w.pt", tmp_path / "c.json")
+    payload = torch.load(tmp_path / "w.pt", weights_only=True)
+    payload["batch_names"] = Payload()
+    torch.save(payload, tmp_path / "evil.pt")
+    with pytest.raises(InputError, match=r"evil\.pt: refused to load") as err:
+        load_model(tmp_path / "evil.pt", tmp_path / "c.json")
+    assert "\n" not in str(err.value)
+    (tmp_path / "garbage.pt").write_bytes(b"\x00" * 10)
+    with pytest.raises(InputError, match=r"garbage\.pt"):
+        load_model(tmp_path / "garbage.pt", tmp_path / "c.json")
+    with pytest.raises(InputError, match="not found"):
+        load_model(tmp_path / "missing.pt", tmp_path / "c.json")
+
+
+def test_bad_inputs_are_input_errors(data) -> None:
+    X, labels, loci = data
+    with pytest.raises(InputError, match="labels for 96 samples"):
+        train_corrector(X, labels[:-1], loci, seed=0, device="cpu")
+    with pytest.raises(InputError, match="rows for 60 loci"):
+        train_corrector(X, labels, loci.iloc[:-1], seed=0, device="cpu")
+    with pytest.raises(InputError, match="unknown key 'epochs'"):
+        train_corrector(X, labels, loci, train_config={"epochs": 3}, seed=0, device="cpu")
+    with pytest.raises(InputError, match="device"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="CUDA is not available"):
+            resolve_device("cuda:1")
+    assert resolve_device("auto").type in ("cpu", "cuda")
