@@ -127,3 +127,35 @@ def test_order_loci_refuses_when_no_gene_is_placed(tmp_path, capsys, counts_data
         ]
     )  # fmt: skip
     _assert_refused(code, loci_out, capsys, "hs_gene_coordinates.tsv.gz", "no gene of the matrix")
+
+
+def test_summary_adds_the_time_of_every_rule_a_method_needs(tmp_path):
+    metrics = tmp_path / "metrics.tsv"
+    pd.DataFrame(
+        {
+            "method": ["m"] * 3,
+            "metric": ["Batch correction", "Bio conservation", "Total"],
+            "type": ["aggregate"] * 3,
+            "value": [0.5, 0.7, 0.62],
+            "status": ["ok"] * 3,
+            "error": [""] * 3,
+        }
+    ).to_csv(metrics, sep="\t", index=False)
+    header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    for name, seconds, rss in (("train", 30.0, 600.0), ("correct", 2.5, 500.0)):
+        (tmp_path / f"{name}.tsv").write_text(
+            header + f"{seconds}\t0:00:30\t{rss}\t0\t0\t0\t0\t0\t0\t1\n"
+        )
+    out = tmp_path / "summary.tsv"
+    code = main(
+        [
+            "summarize",
+            "--metrics", f"d={metrics}",
+            "--benchmark", f"d/m={tmp_path / 'train.tsv'}",
+            "--benchmark", f"d/m={tmp_path / 'correct.tsv'}",
+            "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    row = pd.read_csv(out, sep="\t").iloc[0]
+    assert row["wall_s"] == 32.5 and row["max_rss_mb"] == 600.0

@@ -180,14 +180,14 @@ def _attention(args: argparse.Namespace) -> None:
 # -- scoring and reports -------------------------------------------------------------------
 
 
-def _pairs(values: Sequence[str] | None, flag: str) -> dict[str, str]:
-    """``["a=x", "b=y"]`` -> ``{"a": "x", "b": "y"}`` for repeatable NAME=PATH options."""
-    pairs = {}
+def _pairs(values: Sequence[str] | None, flag: str) -> list[tuple[str, str]]:
+    """``["a=x", "a=y"]`` -> ``[("a", "x"), ("a", "y")]`` for repeatable NAME=PATH options."""
+    pairs = []
     for value in values or []:
         name, sep, path = value.partition("=")
         if not sep or not name or not path:
             raise InputError(flag, f"expected NAME=PATH, got {value!r}")
-        pairs[name] = path
+        pairs.append((name, path))
     return pairs
 
 
@@ -265,12 +265,12 @@ def _summarize(args: argparse.Namespace) -> None:
     from .metrics import summarize
 
     benchmarks: dict[tuple[str, str], list[str]] = {}
-    for key, path in _pairs(args.benchmark, "--benchmark").items():
+    for key, path in _pairs(args.benchmark, "--benchmark"):
         dataset, sep, method = key.partition("/")
         if not sep:
             raise InputError("--benchmark", f"expected DATASET/METHOD=PATH, got {key!r}")
         benchmarks.setdefault((dataset, method), []).append(path)
-    summarize(_pairs(args.metrics, "--metrics"), benchmarks, args.out)
+    summarize(dict(_pairs(args.metrics, "--metrics")), benchmarks, args.out)
 
 
 @_command("report")
@@ -278,7 +278,7 @@ def _report(args: argparse.Namespace) -> None:
     from .report import render_dataset_report
 
     benchmarks: dict[str, list[str]] = {}
-    for name, path in _pairs(args.benchmark, "--benchmark").items():
+    for name, path in _pairs(args.benchmark, "--benchmark"):
         benchmarks.setdefault(name, []).append(path)
     render_dataset_report(
         args.out,
@@ -287,7 +287,7 @@ def _report(args: argparse.Namespace) -> None:
         stats_json=args.stats,
         loci_parquet=args.loci,
         history_tsv=args.history,
-        integrated=_pairs(args.result, "--result"),
+        integrated=dict(_pairs(args.result, "--result")),
         attention_npz=args.attention,
         benchmark_files=benchmarks,
         config=args.config,
@@ -305,7 +305,7 @@ def _index(args: argparse.Namespace) -> None:
     out_dir = Path(args.out).resolve().parent
     links = {
         name: os.path.relpath(Path(path).resolve(), out_dir)
-        for name, path in _pairs(args.report, "--report").items()
+        for name, path in _pairs(args.report, "--report")
     }
     render_index(args.summary, links, args.out)
 
