@@ -414,6 +414,8 @@ def train_corrector(
             file=sys.stderr,
             disable=not progress,
             leave=False,
+            # A log file (the workflow's case) gets a line every 30 s, not every epoch.
+            mininterval=0.1 if sys.stderr.isatty() else 30.0,
         )
         run = _Run(
             model, Xs, codes_t, torch.from_numpy(train_idx), val_idx, optimizer, scheduler,
@@ -470,12 +472,13 @@ def _train_epochs(
             _save_checkpoint(checkpoint_path, run, state)
         if log_path is not None:
             _write_history(log_path, state.history)
-        bar.update(1)
         bar.set_postfix(
             recon=f"{row['train_recon']:.3f}",
             val=f"{row['val_recon']:.3f}",
             acc=f"{row['train_disc_acc']:.2f}",
+            refresh=False,  # update() redraws, at most once per mininterval
         )
+        bar.update(1)
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, row)
 
