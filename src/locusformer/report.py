@@ -241,9 +241,18 @@ def _history_section(history_tsv: PathLike | None) -> dict:
     cols = [c for c in numeric.columns if c != "epoch" and numeric[c].notna().any()]
     lr = [c for c in cols if c.lower() in ("lr", "learning_rate") or c.lower().startswith("lr_")]
     acc = [c for c in cols if "acc" in c.lower() and c not in lr]
-    loss = [c for c in cols if c not in lr and c not in acc]
+    # Schedules and timings are not losses: they get their own panel.
+    schedule = [c for c in cols if c.lower().endswith("_weight") or c.lower() == "seconds"]
+    loss = [c for c in cols if c not in lr and c not in acc and c not in schedule]
     panels = [
-        (title, c) for title, c in (("losses", loss), ("accuracy", acc), ("learning rate", lr)) if c
+        (title, c)
+        for title, c in (
+            ("losses", loss),
+            ("accuracy", acc),
+            ("learning rate", lr),
+            ("schedule and epoch time", schedule),
+        )
+        if c
     ]
     if not panels or len(hist) == 0:
         section["message"] = "the training history has no numeric columns"
