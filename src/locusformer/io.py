@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import io
 import os
 import re
 import zlib
@@ -18,6 +19,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pandas.api.types import is_numeric_dtype
 from scipy import sparse
 
 from .atomic import atomic_path
@@ -86,10 +88,143 @@ def _check_values(path: PathLike, values: np.ndarray) -> None:
         raise InputError(path, f"non-finite value (NaN or infinite) at row {bad[0] + 1}")
 
 
+# -- memory -------------------------------------------------------------------------------
+
+#: Bytes per matrix value that reading certainly holds at once: the parsed float64 table
+#: and the float32 matrix made from it (normalization's own copies come on top).
+BYTES_PER_VALUE = 12
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still allocate, or None where that cannot be told.
+
+    ``MemAvailable`` of ``/proc/meminfo``, capped by the room left under the memory limit
+    of the process's cgroup (what a cluster scheduler enforces); page cache counts as free.
+    """
+    rooms = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    rooms.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    rooms += _cgroup_rooms()
+    return min(rooms) if rooms else None
+
+
+def _cgroup_rooms() -> list[int]:
+    try:
+        lines = Path("/proc/self/cgroup").read_text(encoding="ascii").splitlines()
+    except OSError:
+        return []
+    rooms = []
+    for line in lines:
+        _, controllers, group = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
+        if controllers == "":  # cgroup v2
+            root = Path("/sys/fs/cgroup")
+            names = ("memory.max", "memory.current", "memory.stat", "file")
+        elif "memory" in controllers.split(","):  # cgroup v1
+            root = Path("/sys/fs/cgroup/memory")
+            names = ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat", "cache")
+        else:
+            continue
+        here = root / group.lstrip("/")
+        while True:
+            try:
+                limit = (here / names[0]).read_text(encoding="ascii").strip()
+                if limit != "max":
+                    used = int((here / names[1]).read_text(encoding="ascii"))
+                    stat = (here / names[2]).read_text(encoding="ascii").split()
+                    cache = dict(zip(stat[::2], stat[1::2], strict=False)).get(names[3], "0")
+                    rooms.append(max(0, int(limit) - used + int(cache)))
+            except (OSError, ValueError):
+                pass
+            if here == root or root not in here.parents:
+                break
+            here = here.parent
+    return rooms
+
+
+def estimate_matrix_memory(path: PathLike, kind: str | None = None) -> tuple[int, str] | None:
+    """Bytes that reading the matrix at ``path`` certainly takes, with its shape in words.
+
+    Read from the file without loading it: the header and the number of lines of a text
+    matrix, the metadata of parquet, the dataset sizes of an h5ad (which anndata loads in
+    full). None when the file cannot tell (the reader then reports what is wrong).
+    """
+    path = Path(path)
+    kind = kind or matrix_format(path)
+    try:
+        if kind == "text":
+            return _estimate_text(path)
+        if kind == "parquet":
+            meta = pq.ParquetFile(path).metadata
+            n_samples = max(meta.num_columns - 1, 1)  # one column holds the gene ids
+            n = meta.num_rows * n_samples
+            return n * BYTES_PER_VALUE, f"{meta.num_rows} x {n_samples} values"
+        import h5py
+
+        total = 0
+
+        def add(_name: str, item: object) -> None:
+            nonlocal total
+            if isinstance(item, h5py.Dataset):
+                total += item.size * item.dtype.itemsize
+
+        with h5py.File(path, "r") as handle:
+            handle.visititems(add)
+        return total, f"an h5ad holding {_gib(total)} of arrays"
+    except Exception:  # unreadable here means the reader will say why
+        return None
+
+
+def _estimate_text(path: Path) -> tuple[int, str] | None:
+    _, compressed = _strip_gz(path)
+    size = path.stat().st_size
+    room = available_memory()
+    # Each value takes at least two characters ("0,"): small plain files cannot be too big.
+    if room is None or (not compressed and size // 2 * BYTES_PER_VALUE < room):
+        return None
+    n_columns = len(_header_fields(path))
+    n_lines = 0
+    opener = gzip.open if compressed else open
+    with opener(path, "rb") as handle:
+        while block := handle.read(1 << 24):
+            n_lines += block.count(b"\n")
+    n_rows = max(n_lines - 1, 0)
+    n = n_rows * max(n_columns - 1, 1)
+    return n * BYTES_PER_VALUE, f"{n_rows} x {max(n_columns - 1, 1)} values"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def check_memory(path: PathLike, need: tuple[int, str] | None) -> None:
+    """Refuse, before loading anything, a matrix that cannot fit in the memory left."""
+    if need is None:
+        return
+    nbytes, shape = need
+    room = available_memory()
+    if room is not None and nbytes > room:
+        raise InputError(
+            path,
+            f"reading {shape} needs at least {_gib(nbytes)} of memory but only {_gib(room)} "
+            "is available; run this step with more memory (resources: mem_mb) or subset "
+            "the matrix first",
+        )
+
+
 def _frame_to_anndata(path: Path, frame: pd.DataFrame) -> ad.AnnData:
     """Genes x samples frame (gene ids as index) -> samples x genes AnnData."""
     if frame.shape[0] == 0 or frame.shape[1] == 0:
         raise InputError(path, "matrix has no genes or no samples")
+    missing_id = frame.index.isna() | (frame.index.map(lambda v: str(v).strip()) == "")
+    if missing_id.any():
+        row = int(np.flatnonzero(missing_id)[0])
+        raise InputError(path, f"empty gene id in data row {row + 1}")
     frame.index = frame.index.map(lambda v: str(v).strip())
     frame.columns = [str(c).strip() for c in frame.columns]
     non_numeric = [c for c in frame.columns if not pd.api.types.is_numeric_dtype(frame[c])]
@@ -103,6 +238,7 @@ def _frame_to_anndata(path: Path, frame: pd.DataFrame) -> ad.AnnData:
             f"(gene {frame.index[row]!r})",
         )
     _check_unique(path, frame.index, "gene")
+    _check_gene_keys(path, frame.index)
     _check_unique(path, pd.Index(frame.columns), "sample")
     values = frame.to_numpy(dtype=np.float64).T
     _check_values(path, values)
@@ -119,6 +255,29 @@ def _check_unique(path: PathLike, index: pd.Index, what: str) -> None:
     if len(duplicated):
         shown = ", ".join(map(repr, duplicated[:5].tolist()))
         raise InputError(path, f"duplicate {what} ids: {shown}")
+
+
+def _check_gene_keys(path: PathLike, gene_ids: pd.Index) -> None:
+    """Refuse ids that are distinct as written but the same locus once matched.
+
+    Matching strips Ensembl versions and ignores case (:func:`locusformer.loci.
+    normalize_gene_id`), so ``ENSG1.1`` and ``ENSG1.2`` (or ``Tp53`` and ``TP53``) would
+    take one locus twice; which of them is meant cannot be guessed.
+    """
+    from .loci import normalize_gene_id
+
+    keys = pd.Index([normalize_gene_id(g, "") for g in gene_ids])
+    clash = keys.duplicated(keep=False)
+    if not clash.any():
+        return
+    groups = pd.Series(gene_ids[clash]).groupby(keys[clash], sort=False).agg(list)
+    shown = "; ".join(" and ".join(map(repr, ids)) for ids in groups.iloc[:3])
+    more = f" (and {len(groups) - 3} more)" if len(groups) > 3 else ""
+    raise InputError(
+        path,
+        f"gene ids that are the same gene once Ensembl versions and case are ignored: "
+        f"{shown}{more}; keep one row per gene",
+    )
 
 
 def read_expression(path: PathLike, layer: str | None = None) -> ad.AnnData:
@@ -143,12 +302,27 @@ def read_expression(path: PathLike, layer: str | None = None) -> ad.AnnData:
     if not path.is_file():
         raise InputError(path, "file not found")
     if kind == "text":
+        check_memory(path, estimate_matrix_memory(path, kind))
         frame = _read_table(path, index_col=0)
         # pandas renames a repeated column ("a", "a.1"); the header itself tells the truth.
         header = _header_fields(path)
-        _check_unique(path, pd.Index(header[-frame.shape[1] :] if frame.shape[1] else []), "sample")
+        # A separator at the end of every line ("a,b,") adds empty, unnamed columns.
+        while frame.shape[1] and header and header[-1] == "" and frame.iloc[:, -1].isna().all():
+            frame, header = frame.iloc[:, :-1], header[:-1]
+        if len(header) == frame.shape[1] > 1 and frame.iloc[:, -1].isna().all():
+            # pandas took the lines' extra field for R's unnamed row-name column.
+            raise InputError(
+                path,
+                "the data lines have one field more than the header and it is empty: remove "
+                "the separator at the end of each line",
+            )
+        samples = header[-frame.shape[1] :] if frame.shape[1] else []
+        if "" in samples:
+            raise InputError(path, f"empty sample id in the header (column {header.index('') + 1})")
+        _check_unique(path, pd.Index(samples), "sample")
         return _frame_to_anndata(path, frame)
     if kind == "parquet":
+        check_memory(path, estimate_matrix_memory(path, kind))
         try:
             frame = pd.read_parquet(path)
         except (pa.ArrowException, OSError, ValueError) as exc:
@@ -156,6 +330,7 @@ def read_expression(path: PathLike, layer: str | None = None) -> ad.AnnData:
         if isinstance(frame.index, pd.RangeIndex) and frame.shape[1] > 0:
             frame = frame.set_index(frame.columns[0])
         return _frame_to_anndata(path, frame)
+    check_memory(path, estimate_matrix_memory(path, kind))
     return _read_h5ad(path, layer)
 
 
@@ -183,6 +358,7 @@ def _read_h5ad(path: Path, layer: str | None) -> ad.AnnData:
     obs_names = pd.Index(adata.obs_names.astype(str), name="sample_id")
     var_names = pd.Index(adata.var_names.astype(str), name="gene_id")
     _check_unique(path, var_names, "gene")
+    _check_gene_keys(path, var_names)
     _check_unique(path, obs_names, "sample")
     return ad.AnnData(
         X=matrix,
@@ -199,6 +375,14 @@ def read_sample_sheet(path: PathLike, sample_column: str | None = None) -> pd.Da
     """
     path = Path(path)
     frame = _read_table(path, dtype=str, keep_default_na=False)
+    # A separator at the end of every line adds an unnamed, empty column: not data.
+    frame = frame.drop(
+        columns=[
+            c
+            for c in frame.columns
+            if str(c).startswith("Unnamed: ") and (frame[c].str.strip() == "").all()
+        ]
+    )
     frame.columns = [str(c).strip() for c in frame.columns]
     if frame.shape[1] == 0 or frame.shape[0] == 0:
         raise InputError(path, "sample sheet has no rows")
@@ -270,14 +454,19 @@ def read_annotation(path: PathLike, gene_id: str) -> pd.DataFrame:
 
 
 def _read_bed(path: Path) -> pd.DataFrame:
+    _, compressed = _strip_gz(path)
+    opener = gzip.open if compressed else open
     try:
+        # UCSC "track" and "browser" lines have fewer fields: drop them before parsing.
+        with opener(path, "rt", encoding="utf-8-sig") as handle:
+            lines = [line for line in handle if not line.startswith(("track", "browser", "#"))]
         frame = pd.read_csv(
-            path, sep="\t", header=None, comment="#", dtype=str, usecols=[0, 1, 2, 3]
+            io.StringIO("".join(lines)), sep="\t", header=None, dtype=str, usecols=[0, 1, 2, 3]
         )
-    except (ValueError, pd.errors.ParserError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise InputError(path, f"cannot parse BED (need at least 4 columns): {exc}") from None
+    except (ValueError, pd.errors.ParserError, EOFError, OSError, zlib.error) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise InputError(path, f"cannot parse BED (need at least 4 columns): {reason}") from None
     frame.columns = ["chrom", "start", "end", "gene_id"]
-    frame = frame[~frame["chrom"].str.startswith(("track", "browser"))]
     frame["start"] = pd.to_numeric(frame["start"], errors="coerce") + 1
     return frame
 
@@ -332,6 +521,19 @@ def write_frame_parquet(path: PathLike, frame: pd.DataFrame) -> None:
 
 
 def write_tsv(path: PathLike, frame: pd.DataFrame, index: bool = True) -> None:
-    """Atomically write a table as TSV."""
+    """Atomically write a table as TSV that reads back unchanged, whatever the text in it.
+
+    pandas quotes a field with a tab, a quote or a newline, but not one with a carriage
+    return, which readers take for a line break; such a table has every field quoted.
+    """
+
+    def has_cr(values: pd.Index | pd.Series) -> bool:
+        return any(isinstance(v, str) and "\r" in v for v in values)
+
+    quoting = csv.QUOTE_MINIMAL
+    if has_cr(frame.columns) or (index and has_cr(frame.index)):
+        quoting = csv.QUOTE_ALL
+    elif any(has_cr(frame[c]) for c in frame.columns if not is_numeric_dtype(frame[c])):
+        quoting = csv.QUOTE_ALL
     with atomic_path(path) as tmp:
-        frame.to_csv(tmp, sep="\t", index=index)
+        frame.to_csv(tmp, sep="\t", index=index, quoting=quoting)

@@ -52,6 +52,7 @@ def attach_samples(
                 sheet_path, f"{what} column {key!r} not found (columns: {_listing(list(sheet))})"
             )
     in_matrix = adata.obs_names
+    _check_orientation(adata, sheet, matrix_path)
     missing_from_sheet = in_matrix.difference(sheet.index, sort=False).tolist()
     if missing_from_sheet:
         raise InputError(
@@ -89,6 +90,80 @@ def attach_samples(
     return adata
 
 
+def _check_orientation(adata: ad.AnnData, sheet: pd.DataFrame, matrix_path: str) -> None:
+    """Refuse a transposed matrix: its gene ids are the sheet's sample ids."""
+    as_samples = adata.var_names.intersection(sheet.index)
+    if len(as_samples) * 2 < len(sheet.index) or len(as_samples) <= len(
+        adata.obs_names.intersection(sheet.index)
+    ):
+        return
+    orientation = (
+        "samples x genes (obs = samples)"
+        if str(matrix_path).endswith(".h5ad")
+        else "genes x samples (one row per gene, the gene id in the first column)"
+    )
+    raise InputError(
+        matrix_path,
+        f"the matrix looks transposed: {len(as_samples)} of its gene ids are sample ids of "
+        f"the sheet (e.g. {_listing(as_samples.tolist()[:2])}); it must be {orientation}, "
+        "so transpose it",
+    )
+
+
+#: Log-expression stays below this (log2 of a billion is 30); counts data go far above.
+LOG_MAXIMUM = 30.0
+
+
+def _fractional(data: np.ndarray) -> tuple[bool, float]:
+    """Whether any value is not a whole number (and the first such value), chunk by chunk."""
+    flat = data.reshape(-1)
+    for start in range(0, flat.size, 1 << 22):
+        chunk = flat[start : start + (1 << 22)]
+        odd = np.flatnonzero(chunk != np.rint(chunk))
+        if odd.size:
+            return True, float(chunk[odd[0]])
+    return False, 0.0
+
+
+def check_value_type(data: np.ndarray, value_type: str, source: str) -> bool:
+    """Refuse values that contradict the declared ``value_type``; True if counts are whole.
+
+    Counts stored as floats are fine when every value is whole. Non-integer values whose
+    maximum stays below :data:`LOG_MAXIMUM` are log-expression declared as counts; larger
+    non-integer values are taken as estimated counts (salmon, RSEM) with a warning.
+    Log-expression that goes above 100 is not log-expression.
+    """
+    if not data.size:
+        return True
+    peak = float(data.max())
+    if value_type == "log_expression":
+        if peak > 100:
+            raise InputError(
+                source,
+                f"values go up to {peak:.6g}, which log-expression never does: for raw counts "
+                "set value_type: counts, else log-transform the matrix first",
+            )
+        return True
+    if float(data.min()) < 0:
+        raise InputError(source, "negative values in a matrix declared as value_type: counts")
+    fractional, example = _fractional(data)
+    if fractional and peak < LOG_MAXIMUM:
+        raise InputError(
+            source,
+            f"the values look like log-expression, not counts (non-integer values such as "
+            f"{example:.6g}, maximum {peak:.6g}); set value_type: log_expression for this "
+            "dataset",
+        )
+    if fractional:
+        log.warning(
+            "%s: non-integer values (such as %.6g) in a matrix declared as counts: taken as "
+            "estimated counts",
+            source,
+            example,
+        )
+    return not fractional
+
+
 def normalize(
     adata: ad.AnnData,
     value_type: str,
@@ -120,8 +195,7 @@ def normalize(
         raise InputError(source, f"value_type must be one of {VALUE_TYPES}, not {value_type!r}")
     matrix = adata.X
     data = matrix.data if sparse.issparse(matrix) else np.asarray(matrix)
-    if value_type == "counts" and data.size and data.min() < 0:
-        raise InputError(source, "negative values in a matrix declared as value_type: counts")
+    whole = check_value_type(data, value_type, source)
 
     n_genes_input = adata.n_vars
     expressed = np.asarray((matrix > 0).sum(axis=0)).ravel() >= params.min_samples
@@ -152,6 +226,7 @@ def normalize(
 
     stats = {
         "value_type": value_type,
+        "integer_counts": whole if value_type == "counts" else None,
         "n_samples": int(adata.n_obs),
         "n_genes_input": int(n_genes_input),
         "n_genes_kept": int(adata.n_vars),
