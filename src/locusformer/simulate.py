@@ -1,4 +1,7 @@
-"""A small synthetic multi-batch data set with a known truth, for tests and benchmarks.
+"""Synthetic multi-batch data sets with a known truth, for tests and benchmarks.
+
+:func:`simulate` is small log-expression in memory (below); :func:`simulate_counts` with
+:func:`write_simulation` is raw counts of any size on disk (``locusformer simulate``).
 
 Log-expression follows the location/scale model of ComBat::
 
@@ -10,10 +13,21 @@ of loci, as co-regulated neighbourhoods would, so genomic order carries informat
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
+from scipy import sparse
+
+from .atomic import atomic_path
+from .errors import InputError
 
 
 class Simulation(NamedTuple):
@@ -106,3 +120,382 @@ def simulate_loci(
             "placed": [True] * n_placed + [False] * n_unplaced,
         }
     )
+
+
+# --------------------------------------------------------------------------------------
+# Count data sets of any size, written to disk (``locusformer simulate``)
+# --------------------------------------------------------------------------------------
+#
+# Unlike :func:`simulate` (log-expression in memory, synthetic loci), this writes raw
+# counts for real human genes, a sample sheet and the truth, in chunks of samples, so a
+# million samples never need the dense matrix in memory. For sample i of batch b and
+# group k, gene g:
+#
+#     mean[i, g] = base[g] * library[i] * depth[b] * exp(shift[b, g] + scale[b, g] * effect[k, g])
+#     count[i, g] ~ NegativeBinomial(mean[i, g], dispersion[g]), then set to 0 with
+#                   probability dropout[b] / (1 + mean[i, g])
+#
+# ``effect[k]`` is group k's programme: log fold changes on a few genomic neighbourhoods
+# (consecutive genes in genomic order), so locus order carries information.
+
+SIM_CHUNK = 4096  # samples per random stream and per written chunk (fixed: reproducible)
+PARQUET_MAX_SAMPLES = 20_000  # parquet holds one column per sample and is written dense
+SIM_CHROMOSOMES = [f"chr{i}" for i in range(1, 23)] + ["chrX", "chrY"]
+
+
+def default_annotation() -> Path:
+    """``resources/hs_gene_coordinates.tsv.gz`` of the source tree."""
+    return Path(__file__).resolve().parents[2] / "resources" / "hs_gene_coordinates.tsv.gz"
+
+
+@dataclass
+class CountSimulationParams:
+    """Settings of :func:`simulate_counts`; every one is recorded with the output."""
+
+    n_samples: int = field(default=1000, metadata={"help": "samples (cells)"})
+    n_genes: int = field(default=2000, metadata={"help": "genes, drawn from the annotation"})
+    n_batches: int = field(default=3, metadata={"help": "batches"})
+    n_groups: int = field(
+        default=5, metadata={"help": "cell groups (types), each with its own programme"}
+    )
+    mean_log_expression: float = field(
+        default=-2.0, metadata={"help": "mean of log(base[g]) (counts per sample at depth 1)"}
+    )
+    sd_log_expression: float = field(default=1.5, metadata={"help": "sd of log(base[g])"})
+    library_sd: float = field(
+        default=0.3, metadata={"help": "sd of log(library[i]) within a batch"}
+    )
+    dispersion: float = field(
+        default=0.2, metadata={"help": "median negative-binomial dispersion (var = m + d m^2)"}
+    )
+    programme_fraction: float = field(
+        default=0.05, metadata={"help": "share of genes in each group's programme"}
+    )
+    block_size: int = field(
+        default=10, metadata={"help": "programme genes come in genomic neighbourhoods of this many"}
+    )
+    group_effect: float = field(
+        default=1.5, metadata={"help": "sd of a programme gene's log fold change"}
+    )
+    batch_depth: float = field(
+        default=0.5, metadata={"help": "sd of log(depth[b]): batch-wide sequencing depth"}
+    )
+    batch_shift: float = field(
+        default=0.5, metadata={"help": "sd of shift[b, g]: per-gene log fold change of a batch"}
+    )
+    batch_scale: float = field(
+        default=0.3, metadata={"help": "sd of log(scale[b, g]): batch scaling of group effects"}
+    )
+    dropout: float = field(
+        default=0.3,
+        metadata={"help": "mean dropout rate of a batch at zero mean (0.5x to 1.5x by batch)"},
+    )
+    seed: int = field(default=0, metadata={"help": "one seed for everything drawn"})
+
+    def validate(self) -> None:
+        checks = {
+            "n_samples": self.n_samples >= 2,
+            "n_genes": self.n_genes >= 1,
+            "n_batches": self.n_batches >= 1,
+            "n_groups": self.n_groups >= 1,
+            "sd_log_expression": self.sd_log_expression >= 0,
+            "library_sd": self.library_sd >= 0,
+            "dispersion": self.dispersion > 0,
+            "programme_fraction": 0 <= self.programme_fraction <= 1,
+            "block_size": self.block_size >= 1,
+            "group_effect": self.group_effect >= 0,
+            "batch_depth": self.batch_depth >= 0,
+            "batch_shift": self.batch_shift >= 0,
+            "batch_scale": self.batch_scale >= 0,
+            "dropout": 0 <= self.dropout < 1,
+            "seed": self.seed >= 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise InputError(f"simulate {name}", f"invalid value {getattr(self, name)!r}")
+
+
+@dataclass
+class CountSimulation:
+    """The fixed part of a count simulation; :meth:`chunks` draws the counts."""
+
+    params: CountSimulationParams
+    genes: pd.DataFrame  # n_genes rows in output order: gene_id, symbol, chrom, start, end, ...
+    samples: pd.DataFrame  # n_samples rows: sample_id, batch, group (the truth)
+    log_base: np.ndarray  # (G,)
+    dispersion: np.ndarray  # (G,)
+    effect: np.ndarray  # (K, G) group programmes (log fold changes)
+    shift: np.ndarray  # (B, G)
+    scale: np.ndarray  # (B, G)
+    log_depth: np.ndarray  # (B,)
+    dropout: np.ndarray  # (B,)
+    batch_code: np.ndarray  # (n,) int
+    group_code: np.ndarray  # (n,) int
+
+    def chunks(self, size: int = SIM_CHUNK) -> Iterator[tuple[int, sparse.csr_matrix]]:
+        """Yield ``(first_row, counts)`` blocks of samples x genes float32 CSR counts.
+
+        Each block of ``SIM_CHUNK`` samples has its own random stream, so the counts do
+        not depend on how they are written.
+        """
+        if size != SIM_CHUNK:
+            raise ValueError(f"chunks are {SIM_CHUNK} samples (reproducibility)")
+        p = self.params
+        inv_disp = 1.0 / self.dispersion
+        for first in range(0, p.n_samples, size):
+            rows = slice(first, min(first + size, p.n_samples))
+            rng = np.random.default_rng([p.seed, 1, first // size])
+            b, k = self.batch_code[rows], self.group_code[rows]
+            n = len(b)
+            log_lib = rng.normal(0.0, p.library_sd, size=n) + self.log_depth[b]
+            log_mean = self.log_base + self.shift[b] + self.scale[b] * self.effect[k]
+            log_mean += log_lib[:, None]
+            mean = np.exp(log_mean)
+            # Gamma-Poisson: negative binomial with mean `mean` and var mean + d mean^2.
+            lam = rng.gamma(inv_disp, mean * self.dispersion)
+            counts = rng.poisson(lam).astype(np.float32)
+            drop = rng.random(counts.shape) < self.dropout[b][:, None] / (1.0 + mean)
+            counts[drop] = 0.0
+            yield first, sparse.csr_matrix(counts)
+
+    def truth(self) -> dict[str, Any]:
+        """Parameters and the drawn batch and group structure, as plain JSON data."""
+        batches = sorted(self.samples["batch"].unique())
+        groups = sorted(self.samples["group"].unique())
+        programme = {
+            g: self.genes.loc[self.effect[i] != 0, "gene_id"].tolist() for i, g in enumerate(groups)
+        }
+        return {
+            "params": dataclasses.asdict(self.params),
+            "model": (
+                "count ~ NB(base[g] * library[i] * depth[b] * exp(shift[b,g] + "
+                "scale[b,g] * effect[k,g]), dispersion[g]); dropout[b] / (1 + mean)"
+            ),
+            "batches": {
+                name: {
+                    "n_samples": int((self.batch_code == i).sum()),
+                    "depth": float(np.exp(self.log_depth[i])),
+                    "dropout": float(self.dropout[i]),
+                }
+                for i, name in enumerate(batches)
+            },
+            "groups": {
+                name: {
+                    "n_samples": int((self.group_code == i).sum()),
+                    "programme_genes": programme[name],
+                }
+                for i, name in enumerate(groups)
+            },
+        }
+
+
+def _pick_genes(annotation: str | os.PathLike, n_genes: int, rng: np.random.Generator):
+    from .loci import CHROM_RANK, normalize_chrom
+
+    path = Path(annotation)
+    try:
+        table = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
+    except FileNotFoundError:
+        raise InputError(path, "gene annotation not found") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, EOFError, OSError) as err:
+        raise InputError(path, f"cannot read the gene annotation ({err})") from None
+    missing = {"ensembl_id", "chrom", "start", "end"} - set(table.columns)
+    if missing:
+        raise InputError(path, f"missing column {sorted(missing)[0]!r}")
+    table = table[table["ensembl_id"] != ""].drop_duplicates("ensembl_id")
+    table = table.assign(chrom=table["chrom"].map(normalize_chrom))
+    table = table[table["chrom"].isin(SIM_CHROMOSOMES)]
+    table = table.assign(
+        start=pd.to_numeric(table["start"], errors="coerce"),
+        end=pd.to_numeric(table["end"], errors="coerce"),
+    ).dropna(subset=["start", "end"])
+    if n_genes > len(table):
+        raise InputError(
+            "simulate n_genes", f"{n_genes} requested, {path} places only {len(table)} genes"
+        )
+    picked = table.iloc[np.sort(rng.choice(len(table), size=n_genes, replace=False))]
+    picked = picked.assign(rank=picked["chrom"].map(CHROM_RANK))
+    picked = picked.sort_values(["rank", "start", "ensembl_id"]).reset_index(drop=True)
+    columns = {"ensembl_id": "gene_id", "symbol": "symbol", "chrom": "chrom"}
+    genes = picked[[c for c in columns if c in picked.columns]].rename(columns=columns)
+    genes["start"] = picked["start"].astype(np.int64)
+    genes["end"] = picked["end"].astype(np.int64)
+    return genes  # in genomic order
+
+
+def simulate_counts(
+    params: CountSimulationParams | None = None,
+    *,
+    annotation: str | os.PathLike | None = None,
+    **overrides: Any,
+) -> CountSimulation:
+    """Draw the structure of a multi-batch count data set (counts come from ``chunks``).
+
+    Parameters
+    ----------
+    params
+        The settings; keyword ``overrides`` replace single fields
+        (``simulate_counts(n_samples=10_000, n_batches=4)``).
+    annotation
+        Gene table with ``ensembl_id``, ``chrom``, ``start``, ``end`` (default: the
+        bundled ``resources/hs_gene_coordinates.tsv.gz``); genes are drawn from it.
+    """
+    p = dataclasses.replace(params or CountSimulationParams(), **overrides)
+    p.validate()
+    rng = np.random.default_rng([p.seed, 0])
+    genes = _pick_genes(annotation or default_annotation(), p.n_genes, rng)
+    G, B, K = p.n_genes, p.n_batches, p.n_groups
+
+    # Groups' programmes on genomic neighbourhoods (blocks of consecutive genes).
+    effect = np.zeros((K, G))
+    n_blocks = max(1, round(p.programme_fraction * G / p.block_size)) if p.programme_fraction else 0
+    for k in range(K):
+        for _ in range(n_blocks):
+            a = int(rng.integers(0, max(1, G - p.block_size + 1)))
+            # Mostly up-regulated, as marker programmes are.
+            effect[k, a : a + p.block_size] = np.abs(rng.normal(0.0, p.group_effect)) * (
+                1 if rng.random() < 0.8 else -1
+            )
+    genes["programme"] = [
+        ",".join(f"group{k + 1}" for k in np.flatnonzero(effect[:, g])) for g in range(G)
+    ]
+    log_base = rng.normal(p.mean_log_expression, p.sd_log_expression, size=G)
+    dispersion = p.dispersion * np.exp(rng.normal(0.0, 0.5, size=G))
+    shift = rng.normal(0.0, p.batch_shift, size=(B, G))
+    scale = np.exp(rng.normal(0.0, p.batch_scale, size=(B, G)))
+    log_depth = rng.normal(0.0, p.batch_depth, size=B)
+    dropout = np.clip(p.dropout * rng.uniform(0.5, 1.5, size=B), 0.0, 0.99)
+
+    # Batches of unequal size, each with its own mix of groups.
+    batch_share = rng.dirichlet(np.full(B, 5.0))
+    batch_code = rng.choice(B, size=p.n_samples, p=batch_share)
+    batch_code[:B] = np.arange(B)[: p.n_samples]  # every batch has a sample
+    mix = rng.dirichlet(np.full(K, 3.0), size=B)  # (B, K)
+    u = rng.random(p.n_samples)
+    group_code = (u[:, None] > np.cumsum(mix[batch_code], axis=1)).sum(axis=1)
+    group_code = np.minimum(group_code, K - 1)
+
+    # Output order: by gene id, as matrices usually come; the genomic order is the model's.
+    order = np.argsort(genes["gene_id"].to_numpy(), kind="stable")
+    genes = genes.iloc[order].reset_index(drop=True)
+    width = len(str(p.n_samples - 1))
+    samples = pd.DataFrame(
+        {
+            "sample_id": [f"cell{i:0{width}d}" for i in range(p.n_samples)],
+            "batch": [f"batch{b + 1}" for b in batch_code],
+            "group": [f"group{k + 1}" for k in group_code],
+        }
+    )
+    return CountSimulation(
+        params=p,
+        genes=genes,
+        samples=samples,
+        log_base=log_base[order],
+        dispersion=dispersion[order],
+        effect=effect[:, order],
+        shift=shift[:, order],
+        scale=scale[:, order],
+        log_depth=log_depth,
+        dropout=dropout,
+        batch_code=batch_code.astype(np.int64),
+        group_code=group_code.astype(np.int64),
+    )
+
+
+def write_counts(sim: CountSimulation, path: str | os.PathLike) -> dict[str, Any]:
+    """Write the counts: samples x genes sparse ``.h5ad`` (chunked) or genes x samples
+    ``.parquet`` (dense, up to ``PARQUET_MAX_SAMPLES`` samples). Atomic. Returns
+    ``{"n_samples", "n_genes", "nnz"}``."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    p = sim.params
+    if suffix not in {".h5ad", ".parquet"}:
+        raise InputError(path, "simulate writes .h5ad (sparse, any size) or .parquet")
+    if suffix == ".parquet" and p.n_samples > PARQUET_MAX_SAMPLES:
+        raise InputError(
+            path,
+            f"{p.n_samples} samples: parquet holds one column per sample and is written "
+            f"dense; use .h5ad above {PARQUET_MAX_SAMPLES} samples",
+        )
+    nnz = 0
+    with atomic_path(path) as tmp:
+        if suffix == ".h5ad":
+            nnz = _write_h5ad_chunked(sim, tmp)
+        else:
+            dense = np.zeros((p.n_genes, p.n_samples), dtype=np.int32)
+            for first, block in sim.chunks():
+                dense[:, first : first + block.shape[0]] = block.toarray().T
+                nnz += block.nnz
+            frame = pd.DataFrame(dense, columns=sim.samples["sample_id"].tolist())
+            frame.insert(0, "gene_id", sim.genes["gene_id"].to_numpy())
+            frame.to_parquet(tmp, index=False, engine="pyarrow")
+    return {"n_samples": p.n_samples, "n_genes": p.n_genes, "nnz": int(nnz)}
+
+
+def _write_h5ad_chunked(sim: CountSimulation, path: Path) -> int:
+    import anndata as ad
+    import h5py
+
+    obs = sim.samples.set_index("sample_id")
+    obs = obs.astype({"batch": "category", "group": "category"})
+    var = sim.genes.set_index("gene_id")
+    nnz = 0
+    with h5py.File(path, "w") as f:
+        f.attrs["encoding-type"] = "anndata"
+        f.attrs["encoding-version"] = "0.1.0"
+        ad.io.write_elem(f, "obs", obs)
+        ad.io.write_elem(f, "var", var)
+        for key in ("obsm", "varm", "obsp", "varp", "layers"):
+            ad.io.write_elem(f, key, {})
+        ad.io.write_elem(f, "uns", {"simulation": json.dumps(sim.truth()["params"])})
+        X = None
+        for _, block in sim.chunks():
+            nnz += block.nnz
+            if X is None:
+                ad.io.write_elem(f, "X", block)
+                X = ad.io.sparse_dataset(f["X"])
+            else:
+                X.append(block)
+    return nnz
+
+
+def write_simulation(
+    sim: CountSimulation,
+    expression: str | os.PathLike,
+    samples: str | os.PathLike,
+    *,
+    truth: str | os.PathLike | None = None,
+    row: str | os.PathLike | None = None,
+    name: str = "simulated",
+    annotation: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Write counts, the sample sheet (``sample_id``, ``batch``, ``group``: the truth) and
+    optionally the truth JSON and a one-row datasets sheet (``config/datasets.tsv``
+    format) naming them. Paths in the row are written as given."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name.startswith("-"):
+        raise InputError("simulate name", f"{name!r}: use letters, digits, '_', '.', '-'")
+    stats = write_counts(sim, expression)
+    with atomic_path(samples) as tmp:
+        sim.samples.to_csv(tmp, sep="\t", index=False)
+    if truth is not None:
+        with atomic_path(truth) as tmp:
+            tmp.write_text(json.dumps({**sim.truth(), **stats}, indent=1) + "\n")
+    if row is not None:
+        sheet = pd.DataFrame(
+            [
+                {
+                    "name": name,
+                    "expression": str(expression),
+                    "samples": str(samples),
+                    "sample_column": "sample_id",
+                    "batch_key": "batch",
+                    "label_key": "group",
+                    "genes": str(annotation or default_annotation()),
+                    "gene_id": "ensembl_id",
+                    "value_type": "counts",
+                }
+            ]
+        )
+        with atomic_path(row) as tmp:
+            sheet.to_csv(tmp, sep="\t", index=False)
+    return stats

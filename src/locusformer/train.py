@@ -81,6 +81,10 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
     val_fraction: float = 0.1  # held out, stratified by batch; 0 disables validation
     patience: int = 10  # epochs without improvement of validation reconstruction
+    # Processes, one per device (GPU, or CPU process with gloo), trained with
+    # DistributedDataParallel; launched by torchrun (the train rule does). batch_size stays
+    # the global batch: each step splits it across the processes.
+    devices: int = 1
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> TrainConfig:
@@ -103,6 +107,7 @@ class TrainConfig:
             "grad_clip": self.grad_clip >= 0,
             "val_fraction": 0 <= self.val_fraction < 1,
             "patience": self.patience >= 1,
+            "devices": self.devices >= 1,
         }
         for name, ok in checks.items():
             if not ok:
@@ -234,9 +239,12 @@ def fingerprint(
 ) -> str:
     """Hash of everything that determines a training run (not the device)."""
     h = hashlib.blake2b(digest_size=16)
+    # The number of processes does not change what is trained (a checkpoint resumes with
+    # another count), and leaving it out keeps fingerprints of earlier runs valid.
+    train = {k: v for k, v in train_config.to_dict().items() if k != "devices"}
     meta = {
         "model": model_config.to_dict(),
-        "train": train_config.to_dict(),
+        "train": train,
         "seed": seed,
         "shape": list(X.shape),
         "batches": list(map(str, batch_labels)),
@@ -311,6 +319,9 @@ class _Run:
     device: torch.device
     fingerprint: str
     n_bad_inputs: int  # non-finite input values, for the divergence message
+    dist: _Dist | None = None  # set when training with DistributedDataParallel
+    forward: torch.nn.Module | None = None  # the DDP wrapper of model (None: model)
+    seed: int = 0
 
 
 def train_corrector(
@@ -376,8 +387,37 @@ def train_corrector(
     batch_names = sorted(set(labels))
     codes = np.array([batch_names.index(b) for b in labels], dtype=np.int64)
     gene_ids = loci["gene_id"].astype(str).tolist() if "gene_id" in loci.columns else None
-    dev = resolve_device(device)
+    dist, dev = _init_distributed(tc.devices, device)
     n_bad_inputs = int(np.size(X) - np.isfinite(X).sum())
+    try:
+        return _train(
+            X, labels, loci, mc, tc, seed, dev, dist, codes, batch_names, gene_ids,
+            n_bad_inputs, checkpoint_path, log_path, progress, on_epoch_end,
+        )  # fmt: skip
+    finally:
+        if dist is not None and dist.owns_group:
+            torch.distributed.destroy_process_group()
+
+
+def _train(
+    X: np.ndarray,
+    labels: list[str],
+    loci: pd.DataFrame,
+    mc: ModelConfig,
+    tc: TrainConfig,
+    seed: int,
+    dev: torch.device,
+    dist: _Dist | None,
+    codes: np.ndarray,
+    batch_names: list[str],
+    gene_ids: list[str] | None,
+    n_bad_inputs: int,
+    checkpoint_path: str | os.PathLike | None,
+    log_path: str | os.PathLike | None,
+    progress: bool,
+    on_epoch_end: Callable[[int, dict[str, float]], None] | None,
+) -> tuple[LocusFormer, pd.DataFrame]:
+    rank0 = dist is None or dist.rank == 0
 
     with deterministic(dev.type == "cpu"):
         seed_everything(seed)
@@ -405,6 +445,17 @@ def train_corrector(
         fp = fingerprint(X, labels, loci, mc, tc, seed)
         if checkpoint_path is not None:
             state = _resume(checkpoint_path, fp, model, optimizer, scheduler, generator) or state
+        forward = None
+        if dist is not None:
+            # Same seed everywhere: identical initial weights (DDP also broadcasts rank
+            # 0's), validation split and shuffling; each process takes its share of every
+            # global batch.
+            forward = torch.nn.parallel.DistributedDataParallel(
+                model,
+                device_ids=[dev.index] if dev.type == "cuda" else None,
+                # The buffers (standardization, layout) are the same everywhere and fixed.
+                forward_sync_buffers=False,
+            )
 
         bar = tqdm(
             total=tc.max_epochs,
@@ -412,23 +463,30 @@ def train_corrector(
             desc="train",
             unit="epoch",
             file=sys.stderr,
-            disable=not progress,
+            disable=not progress or not rank0,
             leave=False,
             # A log file (the workflow's case) gets a line every 30 s, not every epoch.
             mininterval=0.1 if sys.stderr.isatty() else 30.0,
         )
         run = _Run(
             model, Xs, codes_t, torch.from_numpy(train_idx), val_idx, optimizer, scheduler,
-            generator, tc, dev, fp, n_bad_inputs,
+            generator, tc, dev, fp, n_bad_inputs, dist, forward, seed,
         )  # fmt: skip
         with bar:
-            _train_epochs(run, state, checkpoint_path, log_path, on_epoch_end, bar)
+            _train_epochs(
+                run,
+                state,
+                checkpoint_path if rank0 else None,
+                log_path if rank0 else None,
+                on_epoch_end,
+                bar,
+            )
 
     if state.best_state is not None:
         model.load_state_dict(state.best_state)
     model.eval()
     model.train_seed = seed
-    if log_path is not None:
+    if log_path is not None and rank0:
         _write_history(log_path, state.history)
     return model, pd.DataFrame(state.history, columns=HISTORY_COLUMNS)
 
@@ -449,7 +507,9 @@ def _train_epochs(
         ramp = ramp_at(epoch, tc)
         model.train()
         row = {"epoch": epoch + 1, **_run_epoch(run, ramp, epoch)}
-        row.update(_validate(model, run.Xs, run.codes, run.val_rows, tc.batch_size, run.device))
+        row.update(
+            _validate(model, run.Xs, run.codes, run.val_rows, tc.batch_size, run.device, run.dist)
+        )
         row["lr"] = run.scheduler.get_last_lr()[0]
         row["adversary_weight"] = ramp * tc.adversary_weight
         row["seconds"] = time.perf_counter() - t0
@@ -499,6 +559,8 @@ def _batches(
 
 def _run_epoch(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
     """One pass over the training rows; returns mean losses and discriminator accuracy."""
+    if run.dist is not None:
+        return _run_epoch_distributed(run, ramp, epoch)
     model, tc, optimizer, dev = run.model, run.tc, run.optimizer, run.device
     weight = ramp * tc.adversary_weight
     order = run.train_rows[torch.randperm(len(run.train_rows), generator=run.generator)]
@@ -553,22 +615,220 @@ def _validate(
     val_rows: np.ndarray,
     batch_size: int,
     dev: torch.device,
+    dist: _Dist | None = None,
 ) -> dict[str, float]:
-    """Reconstruction loss (own batch) and discriminator accuracy on held-out samples."""
+    """Reconstruction loss (own batch) and discriminator accuracy on held-out samples.
+
+    Under DDP every process scores its share and the sums are added up, so all of them
+    take the same early-stopping decision.
+    """
     if len(val_rows) == 0:
         return {"val_recon": math.nan, "val_disc_acc": math.nan}
     was_training = model.training
     model.eval()
+    rows = val_rows if dist is None else np.array_split(val_rows, dist.world)[dist.rank]
     sq, correct = 0.0, 0
-    for xb, bb in _batches(Xs, codes, torch.from_numpy(val_rows), max(batch_size, 256), dev):
+    for xb, bb in _batches(Xs, codes, torch.from_numpy(rows), max(batch_size, 256), dev):
         with autocast(dev):
             out = model(xb, bb)
         sq += float(F.mse_loss(out.recon.float(), xb, reduction="sum"))
         correct += int((out.batch_logits.argmax(-1) == bb).sum())
     model.train(was_training)
+    if dist is not None:
+        sums = torch.tensor([sq, float(correct)], dtype=torch.float64, device=dist.comm_device)
+        torch.distributed.all_reduce(sums)
+        sq, correct = sums.tolist()
     return {
         "val_recon": sq / (len(val_rows) * Xs.shape[1]),
         "val_disc_acc": correct / len(val_rows),
+    }
+
+
+# --------------------------------------------------------------------------------------
+# Several devices: DistributedDataParallel, one process per device (torchrun)
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Dist:
+    world: int
+    rank: int
+    owns_group: bool  # this process initialized the process group (and destroys it)
+    comm_device: torch.device  # where collectives' tensors live (cuda for nccl)
+
+
+def _init_distributed(
+    devices: int, device: str | torch.device
+) -> tuple[_Dist | None, torch.device]:
+    """The process group and this process's device; (None, device) for one device.
+
+    Under torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` set) each process takes
+    ``cuda:LOCAL_RANK`` with "auto" or "cuda" when there are GPUs (backend nccl), else the
+    CPU (backend gloo). A process group that the caller initialized is used as it is.
+    """
+    if devices == 1:
+        return None, resolve_device(device)
+    import torch.distributed as tdist
+
+    if not tdist.is_available():
+        raise InputError("training.devices", "this PyTorch build has no torch.distributed")
+    initialized = tdist.is_initialized()
+    if not initialized and "WORLD_SIZE" not in os.environ:
+        raise InputError(
+            "training.devices",
+            f"{devices} devices need one process each: launch with "
+            f"`torchrun --nproc-per-node {devices} -m locusformer train ...` "
+            "(the workflow's train rule does)",
+        )
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if str(device) == "cuda":
+        resolve_device(device)  # says so when there is no CUDA
+    if str(device) in ("auto", "cuda") and torch.cuda.is_available():
+        if local_rank >= torch.cuda.device_count():
+            raise InputError(
+                "training.devices",
+                f"process {local_rank} has no GPU: only {torch.cuda.device_count()} visible",
+            )
+        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
+    elif str(device) in ("auto", "cpu"):
+        dev = torch.device("cpu")
+    else:
+        raise InputError(
+            "device",
+            f"{device!r} with training.devices {devices}: use auto, cuda or cpu "
+            "(each process takes the GPU of its local rank)",
+        )
+    if not initialized:
+        tdist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    world = tdist.get_world_size()
+    # The rule gives the job its threads (OMP_NUM_THREADS); its processes share them.
+    torch.set_num_threads(max(1, torch.get_num_threads() // world))
+    if world != devices:
+        raise InputError("training.devices", f"is {devices} but {world} processes were launched")
+    comm = dev if tdist.get_backend() == "nccl" else torch.device("cpu")
+    return _Dist(world, tdist.get_rank(), not initialized, comm), dev
+
+
+class _AllGather(torch.autograd.Function):
+    """(m, ...) on each of W processes -> (W, m, ...) everywhere, with gradient.
+
+    Backward: every process's gradient with respect to the gathered tensor is summed
+    (all-reduce) and each takes the slice of its own rows. All-reduce is what both gloo
+    and nccl support; the tensors (latents of one batch) are small.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, world: int, rank: int) -> torch.Tensor:
+        ctx.rank = rank
+        parts = [torch.empty_like(x) for _ in range(world)]
+        torch.distributed.all_gather(parts, x.contiguous())
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        grad = grad.contiguous().clone()
+        torch.distributed.all_reduce(grad)
+        return grad[ctx.rank], None, None
+
+
+def _gather_rows(z: torch.Tensor, sizes: list[int], rank: int) -> torch.Tensor:
+    """Every process's valid rows of ``z``, concatenated in rank order, with gradient.
+
+    Shares of a global batch differ in size by at most one row (and a process may hold
+    none), so they are padded for the collective and trimmed after. The backward pass sums
+    each process's gradient into the rows it contributed.
+    """
+    most = max(sizes)
+    mine = z[: sizes[rank]]
+    padded = F.pad(mine, (0, 0, 0, most - mine.shape[0]))
+    parts = _AllGather.apply(padded, len(sizes), rank)
+    return torch.cat([part[:n] for part, n in zip(parts, sizes, strict=True)])
+
+
+def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
+    """One epoch under DDP: the update one process makes on the same global batches.
+
+    Every process draws the same permutation and takes a contiguous share of each global
+    batch. Reconstruction and adversary losses are per-sample means, weighted by the
+    share's size so that DDP's gradient average is the gradient of the global mean. The
+    batch-statistic terms (whitened batch-mean distance, MMD) need the whole batch: the
+    latents are gathered (with gradient) and every process computes the same value.
+    """
+    model, tc, optimizer, dev, dist = run.model, run.tc, run.optimizer, run.device, run.dist
+    assert dist is not None and run.forward is not None
+    # Dropout differs between processes and is reproducible on resume, without saving
+    # every process's random state.
+    stream = np.random.SeedSequence([run.seed, 2, epoch, dist.rank])
+    torch.manual_seed(int(stream.generate_state(1)[0]))
+    weight = ramp * tc.adversary_weight
+    order = run.train_rows[torch.randperm(len(run.train_rows), generator=run.generator)]
+    cuda = dev.type == "cuda"
+    per_step, correct, seen = [], torch.zeros((), device=dev), 0
+    for chunk in order.split(tc.batch_size):
+        shares = chunk.tensor_split(dist.world)
+        sizes = [len(share) for share in shares]
+        rows = shares[dist.rank]
+        share = len(rows) * dist.world / len(chunk)  # 0 for a process without rows
+        if len(rows) == 0:
+            rows = chunk[:1]  # a step of weight 0: every process takes part in each step
+        xb, bb = run.Xs.index_select(0, rows), run.codes.index_select(0, rows)
+        if cuda:
+            xb, bb = xb.pin_memory(), bb.pin_memory()
+        xb, bb = xb.to(dev, non_blocking=cuda), bb.to(dev, non_blocking=cuda)
+        with autocast(dev):
+            out = run.forward(xb, bb, adversary_weight=weight)
+        recon = F.mse_loss(out.recon.float(), xb)
+        adversary = F.cross_entropy(out.batch_logits.float(), bb)
+        z_all = _gather_rows(out.latent, sizes, dist.rank)
+        b_all = run.codes.index_select(0, chunk).to(dev, non_blocking=cuda)
+        mean_dist = batch_mean_distance(z_all, b_all, model.n_batches)
+        mmd = batch_mmd(z_all, b_all, model.n_batches)
+        total = share * (recon + adversary) + ramp * (
+            tc.batch_mean_weight * mean_dist + tc.mmd_weight * mmd
+        )
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()  # DDP averages the gradients over the processes
+        if tc.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        optimizer.step()
+        run.scheduler.step()
+        # This process's parts of the global means; summed over the processes below.
+        w = share / dist.world
+        parts = [recon * w, adversary * w, mean_dist / dist.world, mmd / dist.world]
+        per_step.append(torch.stack(parts).detach().float())
+        if sizes[dist.rank]:
+            correct = correct + (out.batch_logits.argmax(-1) == bb).sum()
+            seen += len(bb)
+    losses = torch.stack(per_step)  # (steps, 4)
+    counts = torch.stack([correct.float(), torch.tensor(float(seen), device=dev)])
+    losses, counts = losses.to(dist.comm_device), counts.to(dist.comm_device)
+    torch.distributed.all_reduce(losses)
+    torch.distributed.all_reduce(counts)
+    losses = losses.cpu()
+    total = (
+        losses[:, 0]
+        + losses[:, 1]
+        + ramp * (tc.batch_mean_weight * losses[:, 2] + tc.mmd_weight * losses[:, 3])
+    )
+    losses = torch.cat([losses, total[:, None]], dim=1)  # (steps, 5) as on one process
+    bad = (~torch.isfinite(losses)).any(dim=1)
+    if bool(bad.any()):
+        step = int(bad.nonzero()[0, 0])
+        r, a, d, m, t = losses[step].tolist()
+        raise TrainingDivergedError(
+            f"training diverged at epoch {epoch + 1}, step {step + 1}: total loss {t} "
+            f"(reconstruction {r}, adversary {a}, batch mean {d}, mmd {m})"
+        )
+    mean = losses.mean(dim=0).tolist()
+    right, total_seen = counts.tolist()
+    return {
+        "train_recon": mean[0],
+        "train_adversary": mean[1],
+        "train_batch_mean": mean[2],
+        "train_mmd": mean[3],
+        "train_total": mean[4],
+        "train_disc_acc": right / max(1.0, total_seen),
     }
 
 
@@ -841,6 +1101,8 @@ def run_train(
         checkpoint_path=checkpoint_path,
         progress=progress,
     )
+    if train_config.devices > 1 and int(os.environ.get("RANK", "0")) != 0:
+        return model  # one process per device; the first writes the outputs
     save_model(model, weights_out, config_out, seed=seed, loci=loci)
     with atomic.atomic_path(history_out) as tmp:
         history.to_csv(tmp, sep="\t", index=False)

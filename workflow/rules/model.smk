@@ -20,7 +20,8 @@ rule train:
     resources:
         gpu=TRAIN_RESOURCES["gpu"],
         cpus_per_gpu=TRAIN_RESOURCES["cpus_per_gpu"],
-        mem_mb=TRAIN_RESOURCES["mem_mb"],
+        # Each retry (profiles/slurm: retries) asks for more memory.
+        mem_mb=lambda wildcards, attempt: TRAIN_RESOURCES["mem_mb"] * attempt,
         runtime=TRAIN_RESOURCES["runtime"],
     params:
         batch_key=get_batch_key,
@@ -30,8 +31,9 @@ rule train:
         # Outside the declared outputs: Snakemake deletes those when a job fails, and a
         # retry or rerun must find the checkpoint to continue where training stopped.
         checkpoint="results/{dataset}/checkpoints/train.pt",
+        launcher=get_train_launcher,
     shell:
-        "OMP_NUM_THREADS={threads} python -m locusformer train --matrix {input.matrix:q}"
+        "OMP_NUM_THREADS={threads} {params.launcher} train --matrix {input.matrix:q}"
         " --loci {input.loci:q} --samples {input.samples:q} --batch-key {params.batch_key}"
         " --params {params.train_params} --seed {params.seed} --device {params.device}"
         " --checkpoint {params.checkpoint:q} --out-weights {output.weights:q}"
@@ -56,7 +58,7 @@ rule correct:
         "../envs/locusformer.yaml"
     threads: 2
     resources:
-        mem_mb=4000,
+        mem_mb=lambda wildcards, attempt: 4000 * attempt,
     params:
         batch_key=get_batch_key,
         reference=shlex.quote(config["correct"]["reference"]),
