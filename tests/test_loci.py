@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from locusformer.errors import InputError
-from locusformer.loci import normalize_chrom, normalize_gene_id, order_loci
+from locusformer.loci import normalize_chrom, normalize_gene_id, order_loci, shuffle_loci
 
 
 @pytest.mark.parametrize(
@@ -22,7 +22,7 @@ from locusformer.loci import normalize_chrom, normalize_gene_id, order_loci
         ("chrUn_KI270302v1", None),
         ("chr1_KI270706v1_random", None),
         ("GL000220.1", None),
-        ("NC_000001.11", None),
+        ("NC_000001.11", "chr1"),  # RefSeq accession of chromosome 1
         ("23", "chrX"),
     ],
 )
@@ -88,3 +88,14 @@ def test_ensembl_versions_and_symbol_case_match():
 def test_no_gene_placed_is_refused():
     with pytest.raises(InputError, match=r"no gene of the matrix .* matched by .symbol."):
         order_loci(["A", "B"], ANNOTATION, "symbol", source="genes.tsv")
+
+
+def test_shuffled_order_keeps_the_slots_and_moves_only_the_genes():
+    genes = ["GM", "G10", "GX", "G2b", "G1", "G2a"]
+    loci, _ = order_loci(genes, ANNOTATION, "gene_id")
+    shuffled = shuffle_loci(loci, seed=3)
+    assert sorted(shuffled["gene_id"]) == sorted(loci["gene_id"])
+    assert shuffled["gene_id"].tolist() != loci["gene_id"].tolist()
+    slots = ["chrom", "start", "end", "position", "placed"]
+    pd.testing.assert_frame_equal(shuffled[slots], loci[slots])
+    assert shuffle_loci(loci, seed=3)["gene_id"].tolist() == shuffled["gene_id"].tolist()

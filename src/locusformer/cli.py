@@ -1,13 +1,15 @@
 """The ``locusformer`` command line: one subcommand per workflow step.
 
 Each Snakemake rule calls one subcommand, so every step can also be run, debugged and
-profiled by hand. Bad input ends with one line on stderr and exit code 2; nothing is
-written for a step that fails.
+profiled by hand. Bad input ends with one line on stderr and exit code 2; a system error
+(disk full, no permission, out of memory) with one line naming the path and exit code 1;
+nothing is written for a step that fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -98,13 +100,16 @@ def _normalize(args: argparse.Namespace) -> None:
 def _order_loci(args: argparse.Namespace) -> None:
     from .atomic import write_text
     from .io import read_annotation, read_matrix_parquet, write_frame_parquet, write_matrix_parquet
-    from .loci import order_loci
+    from .loci import order_loci, shuffle_loci
 
     matrix = read_matrix_parquet(args.matrix)
     annotation = read_annotation(args.genes, args.gene_id)
     loci, stats = order_loci(
         matrix.columns, annotation, args.gene_id, args.unplaced, source=args.genes
     )
+    if args.order == "shuffled":
+        loci = shuffle_loci(loci, args.seed)
+    stats["order"] = args.order
     ordered = matrix[loci["gene_id"].tolist()]
     write_frame_parquet(args.out_loci, loci)
     write_matrix_parquet(args.out_matrix, ordered.to_numpy(), ordered.index, ordered.columns)
@@ -310,6 +315,61 @@ def _index(args: argparse.Namespace) -> None:
     render_index(args.summary, links, args.out)
 
 
+# -- simulation ----------------------------------------------------------------------------
+
+
+@_command("simulate")
+def _simulate(args: argparse.Namespace) -> None:
+    from .simulate import CountSimulationParams, simulate_counts, write_simulation
+
+    fields = {f.name for f in dataclasses.fields(CountSimulationParams)}
+    params = CountSimulationParams(**{k: v for k, v in vars(args).items() if k in fields})
+    sim = simulate_counts(params, annotation=args.genes)
+    stats = write_simulation(
+        sim,
+        args.out_expression,
+        args.out_samples,
+        truth=args.out_truth,
+        row=args.out_row,
+        name=args.name,
+        annotation=args.genes,
+    )
+    log.info(
+        "simulated %d samples x %d genes (%d batches, %d groups), %.1f%% non-zero",
+        stats["n_samples"],
+        stats["n_genes"],
+        params.n_batches,
+        params.n_groups,
+        100 * stats["nnz"] / max(1, stats["n_samples"] * stats["n_genes"]),
+    )
+
+
+def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
+    from .simulate import CountSimulationParams
+
+    defaults = CountSimulationParams()
+    p = commands.add_parser(
+        "simulate",
+        help="write a synthetic multi-batch count data set (counts, sheet, truth)",
+        description="Negative-binomial counts of real human genes with cell groups, "
+        "batch-specific depth, shifts, scaling and dropout. Writes a samples x genes "
+        ".h5ad (sparse, in chunks: any size) or a genes x samples .parquet, the sample "
+        "sheet (sample_id, batch, group) and, optionally, the truth and a datasets-sheet row.",
+    )
+    p.add_argument("--out-expression", required=True, help=".h5ad or .parquet")
+    p.add_argument("--out-samples", required=True, help="sample sheet TSV")
+    p.add_argument("--out-truth", default=None, help="parameters and drawn structure (JSON)")
+    p.add_argument("--out-row", default=None, help="one-row datasets sheet (TSV) naming them")
+    p.add_argument("--name", default="simulated", help="dataset name in --out-row")
+    p.add_argument("--genes", default=None, help="gene table (default: bundled coordinates)")
+    for field in dataclasses.fields(CountSimulationParams):
+        flag = "--" + field.name.replace("_", "-")
+        kind = int if isinstance(getattr(defaults, field.name), int) else float
+        default = getattr(defaults, field.name)
+        help_ = f"{field.metadata.get('help', '')} (default {default})"
+        p.add_argument(flag, type=kind, default=default, help=help_)
+
+
 # -- parser --------------------------------------------------------------------------------
 
 
@@ -340,6 +400,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--genes", required=True, help="annotation (TSV, GTF or BED)")
     p.add_argument("--gene-id", required=True, help="annotation column matching matrix ids")
     p.add_argument("--unplaced", default="append", choices=["append", "drop"])
+    p.add_argument(
+        "--order", default="genomic", choices=["genomic", "shuffled"], help="shuffled: ablation"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the shuffled order")
     p.add_argument("--out-loci", required=True)
     p.add_argument("--out-matrix", required=True)
     p.add_argument("--out-stats", required=True)
@@ -438,6 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", required=True)
     p.add_argument("--report", action="append", required=True, help="DATASET=report.html")
     p.add_argument("--out", required=True)
+
+    _add_simulate_parser(commands)
     return parser
 
 
@@ -451,10 +517,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _HANDLERS[args.command](args)
     except InputError as exc:
-        message = " ".join(str(exc).split())  # always one line, whatever the cause said
-        print(f"locusformer {args.command}: error: {message}", file=sys.stderr)
+        _error(args.command, str(exc))
         return 2
+    except OSError as exc:
+        # Disk full, no permission, a vanished file: one line that names the path.
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        _error(args.command, f"{exc.filename}: {reason}" if exc.filename else reason)
+        return 1
+    except MemoryError:
+        _error(args.command, "out of memory; run this step with more memory (resources: mem_mb)")
+        return 1
     return 0
+
+
+def _error(command: str, message: str) -> None:
+    message = " ".join(message.split())  # always one line, whatever the cause said
+    print(f"locusformer {command}: error: {message}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -15,16 +15,36 @@ CHROM_RANK = {name: rank for rank, name in enumerate(CHROMOSOMES)}
 
 _ENSEMBL_VERSION = re.compile(r"^(ENS[A-Z]*[GTP]\d+)\.\d+(_PAR_Y)?$", re.IGNORECASE)
 _CHROM_ALIASES = {"m": "M", "mt": "M", "x": "X", "y": "Y", "23": "X", "24": "Y"}
+# RefSeq accessions of assembled chromosomes (NCBI annotations name them so):
+# human NC_000001..NC_000024 and NC_012920 (mitochondrion), mouse NC_000067..NC_000087
+# and NC_005089. Their numbers do not overlap, so one table serves both.
+_REFSEQ = re.compile(r"^NC_0*(\d+)(?:\.\d+)?$", re.IGNORECASE)
+_REFSEQ_CHROM = {
+    **{n: str(n) for n in range(1, 23)},
+    23: "X",
+    24: "Y",
+    12920: "M",
+    **{66 + n: str(n) for n in range(1, 20)},
+    86: "X",
+    87: "Y",
+    5089: "M",
+}
 
 
 def normalize_chrom(name: object) -> str | None:
     """Map chromosome names of common conventions to ``chr1``..``chr22``, ``chrX/Y/M``.
 
-    ``1``, ``chr1``, ``Chr1`` -> ``chr1``; ``MT``, ``chrMT``, ``M`` -> ``chrM``. Scaffolds,
-    patches and other contigs (``chrUn_...``, ``GL000220.1``, ``chr1_KI270706v1_random``)
-    return ``None``: they have no place in a genome-wide order.
+    ``1``, ``chr1``, ``Chr1`` -> ``chr1``; ``MT``, ``chrMT``, ``M`` -> ``chrM``; RefSeq
+    accessions of human and mouse chromosomes (``NC_000001.11`` -> ``chr1``,
+    ``NC_012920.1`` -> ``chrM``). Scaffolds, patches and other contigs (``chrUn_...``,
+    ``GL000220.1``, ``NT_187361.1``, ``chr1_KI270706v1_random``) return ``None``: they have
+    no place in a genome-wide order.
     """
     text = str(name).strip()
+    refseq = _REFSEQ.match(text)
+    if refseq:
+        core = _REFSEQ_CHROM.get(int(refseq.group(1)))
+        return f"chr{core}" if core else None
     core = text[3:] if text.lower().startswith("chr") else text
     core = _CHROM_ALIASES.get(core.lower(), core)
     if core.isdigit():
@@ -132,3 +152,16 @@ def order_loci(
         "loci_per_chromosome": {c: int(per_chrom[c]) for c in CHROMOSOMES if c in per_chrom},
     }
     return loci, stats
+
+
+def shuffle_loci(loci: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """The ablation of genomic order: the same loci dealt at random to the same slots.
+
+    Every slot keeps its chromosome, coordinates and position, so the model sees the same
+    token layout (patches, chromosome boundaries, positional encoding); only which gene
+    sits in which slot is random. Comparing against this isolates what genomic order adds.
+    """
+    rng = np.random.default_rng(seed)
+    shuffled = loci.copy()
+    shuffled["gene_id"] = loci["gene_id"].to_numpy()[rng.permutation(len(loci))]
+    return shuffled

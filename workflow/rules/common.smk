@@ -1,6 +1,8 @@
+import io
 import json
 import os
 import shlex
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -9,14 +11,31 @@ from snakemake.utils import validate
 validate(config, schema="../schemas/config.schema.yaml")
 
 
+# Files beside the per-dataset directories: a dataset must not be named like one of them.
+RESERVED_NAMES = {
+    "index.html",
+    "summary.tsv",
+    "index.log",
+    "summarize.log",
+    "index.tsv",
+    "summarize.tsv",
+}
+
+
 def read_datasets(path):
     """The datasets sheet, validated row by row; empty cells become the schema defaults."""
     try:
-        sheet = pd.read_csv(
-            path, sep="\t", dtype=str, keep_default_na=False, comment="#"
-        )
+        text = Path(path).read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise ValueError(f"{path}: datasets sheet not found")
+    # Whole lines starting with "#" are comments; a "#" inside a cell (a path, a column
+    # name) is kept.
+    lines = [
+        line for line in text.splitlines(True) if not line.lstrip().startswith("#")
+    ]
+    sheet = pd.read_csv(
+        io.StringIO("".join(lines)), sep="\t", dtype=str, keep_default_na=False
+    )
     sheet.columns = [c.strip() for c in sheet.columns]
     sheet = sheet.map(str.strip)
     for column in list(sheet.columns):
@@ -24,9 +43,19 @@ def read_datasets(path):
             sheet = sheet.drop(columns=column)
     if sheet.empty:
         raise ValueError(f"{path}: the datasets sheet lists no dataset")
-    if sheet["name"].duplicated().any():
-        twice = sheet.loc[sheet["name"].duplicated(), "name"].tolist()
-        raise ValueError(f"{path}: dataset name(s) listed twice: {', '.join(twice)}")
+    # Names that differ only in case share a directory on case-insensitive file systems.
+    folded = sheet["name"].str.casefold()
+    if folded.duplicated().any():
+        twice = sheet.loc[folded.duplicated(), "name"].tolist()
+        raise ValueError(
+            f"{path}: dataset name(s) listed twice (case is ignored): {', '.join(twice)}"
+        )
+    taken = sheet.loc[folded.isin(RESERVED_NAMES), "name"].tolist()
+    if taken:
+        raise ValueError(
+            f"{path}: dataset name(s) {', '.join(taken)} would clash with the workflow's own"
+            f" files ({', '.join(sorted(RESERVED_NAMES))} in results/, logs/, benchmarks/out/)"
+        )
     rows = []
     for _, row in sheet.iterrows():
         record = pd.DataFrame([{k: v for k, v in row.items() if v != ""}])
@@ -45,6 +74,11 @@ SEED = config["seed"]
 SRC = str(Path(workflow.basedir).parent / "src")
 _inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p != SRC]
 os.environ.update(PYTHONPATH=os.pathsep.join([SRC, *filter(None, _inherited)]))
+# `python` in a job is the interpreter running Snakemake (so a venv works without being
+# activated), unless a rule's conda env is activated, which puts its own python first.
+os.environ.update(
+    PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+)
 
 
 wildcard_constraints:
@@ -99,6 +133,21 @@ def get_train_params():
     return shlex.quote(
         json.dumps({"model": config["model"], "train": config["training"]})
     )
+
+
+def get_train_launcher(wildcards):
+    """``training.devices`` > 1: one process per device under torchrun (DDP); else one.
+
+    The job's threads are not part of this parameter: a different ``--cores`` must not
+    count as a change that reruns training.
+    """
+    devices = int(config["training"].get("devices", 1))
+    if devices > 1:
+        return (
+            "python -m torch.distributed.run --standalone"
+            f" --nproc-per-node {devices} -m locusformer"
+        )
+    return "python -m locusformer"
 
 
 def get_final_outputs():

@@ -43,8 +43,11 @@ rule order_loci:
     params:
         gene_id=get_gene_id,
         unplaced=config["loci"]["unplaced"],
+        order=config["loci"]["order"],
+        seed=SEED,
     shell:
         "python -m locusformer order-loci --matrix {input.matrix:q} --genes {input.genes:q}"
         " --gene-id {params.gene_id} --unplaced {params.unplaced}"
+        " --order {params.order} --seed {params.seed}"
         " --out-loci {output.loci:q} --out-matrix {output.matrix:q}"
         " --out-stats {output.stats:q} 2> {log:q}"

@@ -1,0 +1,210 @@
+"""Quality benchmark: LocusFormer against ComBat, Harmony and scVI on real CellBench tasks.
+
+Runs the workflow itself (same rules, same scoring) once per (variant, seed) in its own
+directory under ``--out``, then writes the tables of BENCHMARKS.md's quality section:
+mean and standard deviation over seeds per task and method, the ablations, and the bar
+checks of issue 5. Needs ``../shared/data`` (the CellBench files).
+
+    .venv/bin/python benchmarks/quality/run.py                      # everything
+    .venv/bin/python benchmarks/quality/run.py --tasks protocols --seeds 0 --variants default
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tasks import TASKS, write_task
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# name -> config overrides. "default" runs the baselines; ablations run LocusFormer only.
+VARIANTS: dict[str, dict] = {
+    "default": {},
+    "shuffled_loci": {"loci": {"order": "shuffled"}},
+    "patch_4": {"model": {"patch_size": 4}},
+    "patch_64": {"model": {"patch_size": 64}},
+    "heads_1": {"model": {"n_heads": 1}},
+    "heads_8": {"model": {"n_heads": 8}},
+    "heads_12": {"model": {"n_heads": 12, "d_model": 96}},
+    "heads_64": {"model": {"n_heads": 64}},
+    "layers_1": {"model": {"n_layers": 1}},
+    "layers_4": {"model": {"n_layers": 4}},
+    "adversary_0": {"training": {"adversary_weight": 0.0}},
+    "adversary_0.3": {"training": {"adversary_weight": 0.3}},
+    "residual_on": {"correct": {"add_residual": True}},
+}
+BASELINES = ["combat", "harmony", "scvi"]
+
+
+def run_variant(variant: str, seed: int, rows: list[dict], out: Path, cores: int) -> Path:
+    workdir = out / "runs" / variant / f"seed{seed}"
+    (workdir / "config").mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(workdir / "config" / "datasets.tsv", sep="\t", index=False)
+    config = {
+        "datasets": "config/datasets.tsv",
+        "seed": seed,
+        "baselines": BASELINES if variant == "default" else [],
+        **VARIANTS[variant],
+    }
+    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    command = [
+        str(Path(sys.executable).parent / "snakemake"),
+        "results/summary.tsv",
+        "--snakefile", str(ROOT / "workflow" / "Snakefile"),
+        "--directory", str(workdir),
+        "--cores", str(cores),
+        "--quiet", "rules",
+    ]  # fmt: skip
+    print(f"[quality] {variant} seed {seed}: {' '.join(command)}", flush=True)
+    subprocess.run(command, check=True)
+    return workdir
+
+
+def collect(out: Path) -> pd.DataFrame:
+    frames = []
+    for summary in sorted(out.glob("runs/*/seed*/results/summary.tsv")):
+        frame = pd.read_csv(summary, sep="\t")
+        frame["variant"] = summary.parents[2].name
+        frame["seed"] = int(summary.parents[1].name.removeprefix("seed"))
+        metrics = []
+        for dataset in frame["dataset"].unique():
+            table = pd.read_csv(summary.parent / dataset / "metrics.tsv", sep="\t")
+            table["dataset"] = dataset
+            metrics.append(table)
+        iso = pd.concat(metrics)
+        iso = iso[iso["metric"] == "Isolated labels"].set_index(["dataset", "method"])["value"]
+        frame["isolated_labels"] = [
+            iso.get((d, m)) for d, m in zip(frame["dataset"], frame["method"], strict=True)
+        ]
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _fmt(values: pd.Series) -> str:
+    if values.notna().sum() == 0:
+        return "failed"
+    if values.notna().sum() == 1:
+        return f"{values.mean():.3f}"
+    return f"{values.mean():.3f} ± {values.std(ddof=1):.3f}"
+
+
+def tables(results: pd.DataFrame) -> str:
+    lines = []
+    default = results[results["variant"] == "default"]
+    for task, rows in default.groupby("dataset", sort=False):
+        seeds = rows["seed"].nunique()
+        lines += [f"### {task} ({seeds} seed{'s' if seeds > 1 else ''}; mean ± sd)", ""]
+        lines += ["| method | batch | bio | total | wall time (s) | peak memory (MB) |"]
+        lines += ["| --- | --- | --- | --- | --- | --- |"]
+        order = rows.groupby("method")["total"].mean().sort_values(ascending=False).index
+        for method in order:
+            m = rows[rows["method"] == method]
+            lines.append(
+                f"| {method} | {_fmt(m['batch'])} | {_fmt(m['bio'])} | {_fmt(m['total'])} | "
+                f"{m['wall_s'].median():.1f} | {m['max_rss_mb'].max():.0f} |"
+            )
+        lines.append("")
+    ablation = results[results["method"] == "locusformer"]
+    if ablation["variant"].nunique() > 1:
+        tasks = list(ablation["dataset"].unique())
+        lines += ["### Ablations (LocusFormer total; mean ± sd over seeds)", ""]
+        lines += ["| variant | " + " | ".join(tasks) + " |", "| --- |" + " --- |" * len(tasks)]
+        for variant in VARIANTS:
+            v = ablation[ablation["variant"] == variant]
+            if len(v):
+                cells = [_fmt(v[v["dataset"] == t]["total"]) for t in tasks]
+                lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _verdict(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
+def bar_checks(results: pd.DataFrame) -> str:
+    default = results[results["variant"] == "default"]
+    columns = ["total", "bio", "isolated_labels", "wall_s"]
+    mean = default.groupby(["dataset", "method"])[columns].mean()
+    lines = ["### Bar checks", ""]
+
+    def value(task: str, method: str, column: str) -> float | None:
+        return mean.loc[(task, method), column] if (task, method) in mean.index else None
+
+    for task in ("protocols", "cellbench5"):
+        ours = value(task, "locusformer", "total")
+        for base in BASELINES:
+            theirs = value(task, base, "total")
+            if ours is not None and theirs is not None:
+                lines.append(
+                    f"- {task}: LocusFormer total {ours:.3f} > {base} {theirs:.3f}: "
+                    + _verdict(ours > theirs)
+                )
+    ours, theirs = value("control", "locusformer", "bio"), value("control", "uncorrected", "bio")
+    if ours is not None and theirs is not None:
+        gap = ours - theirs
+        lines.append(
+            f"- control: bio change against uncorrected {gap:+.3f} (bar: within 0.02): "
+            + _verdict(abs(gap) <= 0.02)
+        )
+    ours = value("cellbench5", "locusformer", "isolated_labels")
+    theirs = value("cellbench5", "uncorrected", "isolated_labels")
+    if ours is not None and theirs is not None:
+        lines.append(
+            f"- cellbench5: isolated labels {ours:.3f} against uncorrected {theirs:.3f}: "
+            + _verdict(ours >= theirs)
+        )
+    ours, theirs = (
+        value("pseudobulk", "locusformer", "total"),
+        value("pseudobulk", "combat", "total"),
+    )
+    if ours is not None and theirs is not None:
+        lines.append(
+            f"- pseudobulk: total {ours:.3f} against ComBat {theirs:.3f}: "
+            + _verdict(ours >= theirs)
+        )
+    ours, theirs = (
+        value("cellbench5", "locusformer", "wall_s"),
+        value("cellbench5", "scvi", "wall_s"),
+    )
+    if ours is not None and theirs is not None:
+        lines.append(
+            f"- cellbench5: LocusFormer train+correct {ours:.0f} s against scVI {theirs:.0f} s "
+            f"(ratio {ours / theirs:.2f}): " + _verdict(ours <= theirs)
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "quality")
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--collect-only", action="store_true")
+    args = parser.parse_args()
+    if not args.collect_only:
+        if not (args.shared / "cellbench").is_dir():
+            sys.exit(f"{args.shared}/cellbench not found: the benchmark needs the CellBench files")
+        rows = [write_task(task, args.shared, args.out / "data") for task in args.tasks]
+        for variant in args.variants:
+            for seed in args.seeds:
+                run_variant(variant, seed, rows, args.out, args.cores)
+    results = collect(args.out)
+    results.to_csv(args.out / "results.tsv", sep="\t", index=False)
+    report = tables(results) + "\n" + bar_checks(results)
+    (args.out / "results.md").write_text(report)
+    print(report)
+
+
+if __name__ == "__main__":
+    main()
