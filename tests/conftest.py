@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
@@ -35,3 +36,27 @@ def counts_dataset(tmp_path: Path, annotation_table: pd.DataFrame) -> dict:
     matrix.to_csv(matrix_path)
     sheet.to_csv(sheet_path, sep="\t", index=False)
     return {"matrix": matrix, "sheet": sheet, "matrix_path": matrix_path, "sheet_path": sheet_path}
+
+
+def synthetic_groups(
+    n_per: int = 30,
+    groups: int = 3,
+    batches: int = 2,
+    genes: int = 100,
+    shift: float = 1.0,
+    seed: int = 0,
+) -> ad.AnnData:
+    """groups x batches x n_per log-scale samples; each batch adds its own per-gene shift."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(0, 2, (groups, genes))
+    shifts = rng.normal(0, shift, (batches, genes))
+    x, rows = [], []
+    for b in range(batches):
+        for g in range(groups):
+            for k in range(n_per):
+                x.append(5 + centers[g] + shifts[b] + rng.normal(0, 1, genes))
+                rows.append((f"s{b}_{g}_{k}", f"b{b}", f"t{g}"))
+    obs = pd.DataFrame(rows, columns=["sample_id", "batch", "cell_type"]).set_index("sample_id")
+    adata = ad.AnnData(np.asarray(x, dtype=np.float32), obs=obs)
+    adata.var_names = [f"G{i:03d}" for i in range(genes)]
+    return adata

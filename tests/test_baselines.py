@@ -9,34 +9,15 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import synthetic_groups
 
 from locusformer import baselines
 from locusformer.baselines import load_normalized, make_result, run_baseline, run_method
 from locusformer.errors import InputError
 
 
-def synthetic(
-    n_per: int = 30,
-    groups: int = 3,
-    batches: int = 2,
-    genes: int = 100,
-    shift: float = 0.5,
-    seed: int = 0,
-) -> ad.AnnData:
-    """groups x batches x n_per samples; each batch adds its own per-gene shift."""
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(0, 2, (groups, genes))
-    shifts = rng.normal(0, shift, (batches, genes))
-    x, rows = [], []
-    for b in range(batches):
-        for g in range(groups):
-            for k in range(n_per):
-                x.append(5 + centers[g] + shifts[b] + rng.normal(0, 1, genes))
-                rows.append((f"s{b}_{g}_{k}", f"b{b}", f"t{g}"))
-    obs = pd.DataFrame(rows, columns=["sample_id", "batch", "cell_type"]).set_index("sample_id")
-    adata = ad.AnnData(np.asarray(x, dtype=np.float32), obs=obs)
-    adata.var_names = [f"G{i:03d}" for i in range(genes)]
-    return adata
+def synthetic(**kwargs) -> ad.AnnData:
+    return synthetic_groups(**{"shift": 0.5, **kwargs})
 
 
 def write_inputs(adata: ad.AnnData, directory: Path) -> tuple[Path, Path]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
 import scib_metrics
+from conftest import synthetic_groups
 from sklearn.decomposition import PCA
 from sklearn.neighbors import NearestNeighbors
 
@@ -29,27 +29,7 @@ BATCH = [SIL, "iLISI", "KBET", "Graph connectivity", "PCR comparison"]
 AGG = ["Batch correction", "Bio conservation", "Total"]
 
 
-def synthetic(
-    n_per: int = 30,
-    groups: int = 3,
-    batches: int = 2,
-    genes: int = 100,
-    shift: float = 1.0,
-    seed: int = 0,
-) -> ad.AnnData:
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(0, 2, (groups, genes))
-    shifts = rng.normal(0, shift, (batches, genes))
-    x, rows = [], []
-    for b in range(batches):
-        for g in range(groups):
-            for k in range(n_per):
-                x.append(5 + centers[g] + shifts[b] + rng.normal(0, 1, genes))
-                rows.append((f"s{b}_{g}_{k}", f"b{b}", f"t{g}"))
-    obs = pd.DataFrame(rows, columns=["sample_id", "batch", "cell_type"]).set_index("sample_id")
-    adata = ad.AnnData(np.asarray(x, dtype=np.float32), obs=obs)
-    adata.var_names = [f"G{i:03d}" for i in range(genes)]
-    return adata
+synthetic = synthetic_groups
 
 
 @pytest.fixture(scope="module")
