@@ -28,6 +28,7 @@ import pandas as pd
 
 from locusformer.atomic import atomic_path
 from locusformer.errors import InputError
+from locusformer.io import read_matrix_parquet
 
 log = logging.getLogger(__name__)
 
@@ -411,27 +412,6 @@ def run_method(
 # --------------------------------------------------------------------------- files
 
 
-def read_parquet_matrix(path: str | os.PathLike, what: str = "matrix") -> pd.DataFrame:
-    """Read a samples x genes parquet matrix; :class:`InputError` if it cannot be used."""
-    try:
-        df = pd.read_parquet(path)
-    except Exception as exc:
-        raise InputError(path, f"cannot read {what}: {one_line(exc)}") from exc
-    if df.shape[0] == 0 or df.shape[1] == 0:
-        raise InputError(path, f"{what} is empty ({df.shape[0]} x {df.shape[1]})")
-    if "sample_id" in df.columns:
-        df = df.set_index("sample_id")
-    df.index = df.index.astype(str)
-    df.columns = [str(c) for c in df.columns]
-    if not df.index.is_unique:
-        raise InputError(path, "duplicate sample ids")
-    try:
-        df = df.astype(np.float32)
-    except (TypeError, ValueError) as exc:
-        raise InputError(path, f"{what} has non-numeric values: {one_line(exc)}") from exc
-    return df
-
-
 def read_samples(path: str | os.PathLike) -> pd.DataFrame:
     """Read ``samples.tsv`` (all columns as strings, indexed by ``sample_id``)."""
     try:
@@ -453,7 +433,7 @@ def load_normalized(
     label_key: str | None = None,
 ) -> ad.AnnData:
     """Load ``ordered.parquet`` + ``samples.tsv`` into an AnnData (obs in matrix order)."""
-    matrix = read_parquet_matrix(ordered_path, "normalized matrix")
+    matrix = read_matrix_parquet(ordered_path, "normalized matrix")
     samples = read_samples(samples_path)
     for key in (batch_key, label_key):
         if key is not None and key not in samples.columns:
@@ -494,7 +474,7 @@ def run_baseline(
     adata = load_normalized(ordered_path, samples_path, batch_key, label_key)
     counts = None
     if counts_path is not None and Path(counts_path).exists():
-        counts = read_parquet_matrix(counts_path, "count matrix")
+        counts = read_matrix_parquet(counts_path, "count matrix")
     elif counts_path is not None:
         raise InputError(counts_path, "count matrix does not exist")
 

@@ -506,12 +506,29 @@ def write_matrix_parquet(
         frame.to_parquet(tmp, engine="pyarrow", compression="zstd")
 
 
-def read_matrix_parquet(path: PathLike) -> pd.DataFrame:
-    """Read a samples x genes parquet written by :func:`write_matrix_parquet`."""
+def read_matrix_parquet(path: PathLike, what: str = "matrix") -> pd.DataFrame:
+    """Read a samples x genes float32 parquet written by :func:`write_matrix_parquet`.
+
+    The one reader of the workflow's intermediate matrices (normalized, ordered, counts):
+    sample ids as a str index, gene ids as str columns, every problem an InputError.
+    """
+    if not Path(path).is_file():
+        raise InputError(path, "file not found")
     try:
-        return pd.read_parquet(path, engine="pyarrow")
-    except (pa.ArrowException, OSError) as exc:
-        raise InputError(path, f"cannot read parquet: {exc}") from None
+        frame = pd.read_parquet(path, engine="pyarrow")
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InputError(path, f"cannot read {what}: {' '.join(str(exc).split())}") from None
+    if "sample_id" in frame.columns and frame.index.name != "sample_id":
+        frame = frame.set_index("sample_id")
+    if frame.shape[0] == 0 or frame.shape[1] == 0:
+        raise InputError(path, f"{what} is empty ({frame.shape[0]} x {frame.shape[1]})")
+    frame.index = pd.Index(frame.index.astype(str), name="sample_id")
+    frame.columns = frame.columns.astype(str)
+    _check_unique(path, frame.index, "sample")
+    try:
+        return frame.astype(np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InputError(path, f"{what} has non-numeric values: {exc}") from None
 
 
 def write_frame_parquet(path: PathLike, frame: pd.DataFrame) -> None:

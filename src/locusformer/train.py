@@ -1008,17 +1008,7 @@ def read_ordered(path: str | os.PathLike) -> pd.DataFrame:
     """The samples x loci matrix written by preprocessing (index sample_id)."""
     from locusformer.io import read_matrix_parquet  # anndata is slow to import
 
-    if not Path(path).exists():
-        raise InputError(path, "file not found")
-    frame = read_matrix_parquet(path)
-    if frame.index.name != "sample_id" and "sample_id" in frame.columns:
-        frame = frame.set_index("sample_id")
-    frame.index = frame.index.astype(str)
-    frame.columns = frame.columns.astype(str)
-    if frame.index.has_duplicates:
-        dup = frame.index[frame.index.duplicated()][0]
-        raise InputError(path, f"duplicate sample id {dup!r}")
-    return frame
+    return read_matrix_parquet(path, "ordered matrix")
 
 
 def read_batches(
