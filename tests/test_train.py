@@ -240,3 +240,19 @@ def test_bad_inputs_are_input_errors(data) -> None:
         with pytest.raises(InputError, match="CUDA is not available"):
             resolve_device("cuda:1")
     assert resolve_device("auto").type in ("cpu", "cuda")
+
+
+def test_epoch_plan_keeps_small_data_and_shrinks_large() -> None:
+    from locusformer.train import TrainConfig, epoch_plan
+
+    tc = TrainConfig(max_epochs=80, max_steps=2000, batch_size=64)
+    assert epoch_plan(1_260, tc) == (80, 1.0)  # 20 steps per epoch: 1600 steps
+    epochs, scale = epoch_plan(100_000, tc)  # 1563 steps per epoch
+    assert epochs == 2 and scale == pytest.approx(2 / 80)
+    assert epoch_plan(10_000_000, tc)[0] == 1
+
+
+def test_large_data_runs_the_planned_epochs(data) -> None:
+    # 96 samples, 10% held out: 6 steps of 16 per epoch, so 8 steps take 2 epochs
+    _, history = run(data, train_config=dict(TRAIN, max_epochs=10, max_steps=8))
+    assert len(history) == 2

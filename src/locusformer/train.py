@@ -77,6 +77,10 @@ class TrainConfig:
     weight_decay: float = 1e-2
     batch_size: int = 64
     max_epochs: int = 80
+    # Optimizer steps an epoch-count setting is sized for. When max_epochs epochs would
+    # take more (large data), fewer epochs run, and the ramp-up and patience shrink by the
+    # same factor: convergence follows the number of updates, not of passes.
+    max_steps: int = 2000
     warmup_fraction: float = 0.05  # of all steps, then cosine decay to 0
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
     val_fraction: float = 0.1  # held out, stratified by batch; 0 disables validation
@@ -103,6 +107,7 @@ class TrainConfig:
             "weight_decay": self.weight_decay >= 0,
             "batch_size": self.batch_size >= 1,
             "max_epochs": self.max_epochs >= 1,
+            "max_steps": self.max_steps >= 1,
             "warmup_fraction": 0 <= self.warmup_fraction < 1,
             "grad_clip": self.grad_clip >= 0,
             "val_fraction": 0 <= self.val_fraction < 1,
@@ -207,11 +212,22 @@ def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]
     return factor
 
 
-def ramp_at(epoch: int, config: TrainConfig) -> float:
+def epoch_plan(n_train: int, config: TrainConfig) -> tuple[int, float]:
+    """Epochs to run on ``n_train`` samples, and the factor on epoch-counted settings.
+
+    ``max_epochs``, unless that takes more than ``max_steps`` optimizer steps; then the
+    fewest whole epochs that reach ``max_steps``.
+    """
+    steps_per_epoch = math.ceil(n_train / config.batch_size)
+    epochs = min(config.max_epochs, max(1, math.ceil(config.max_steps / steps_per_epoch)))
+    return epochs, epochs / config.max_epochs
+
+
+def ramp_at(epoch: int, rampup_epochs: float) -> float:
     """Factor in (0, 1] on every batch-removal term for 0-based ``epoch``: linear ramp."""
-    if config.adversary_rampup_epochs == 0:
+    if rampup_epochs <= 0:
         return 1.0
-    return min(1.0, (epoch + 1) / config.adversary_rampup_epochs)
+    return min(1.0, (epoch + 1) / rampup_epochs)
 
 
 def configure_optimizer(model: LocusFormer, config: TrainConfig) -> torch.optim.AdamW:
@@ -322,6 +338,9 @@ class _Run:
     dist: _Dist | None = None  # set when training with DistributedDataParallel
     forward: torch.nn.Module | None = None  # the DDP wrapper of model (None: model)
     seed: int = 0
+    epochs: int = 1  # to run in all (see epoch_plan)
+    rampup_epochs: float = 0.0  # of the batch-removal weights, scaled like epochs
+    patience: int = 1  # epochs, scaled like epochs
 
 
 def train_corrector(
@@ -435,7 +454,8 @@ def _train(
 
         optimizer = configure_optimizer(model, tc)
         steps_per_epoch = math.ceil(len(train_idx) / tc.batch_size)
-        total_steps = steps_per_epoch * tc.max_epochs
+        epochs, scale = epoch_plan(len(train_idx), tc)
+        total_steps = steps_per_epoch * epochs
         warmup_steps = max(1, round(tc.warmup_fraction * total_steps))
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, warmup_cosine(total_steps, warmup_steps)
@@ -458,7 +478,7 @@ def _train(
             )
 
         bar = tqdm(
-            total=tc.max_epochs,
+            total=epochs,
             initial=state.epoch,
             desc="train",
             unit="epoch",
@@ -470,7 +490,8 @@ def _train(
         )
         run = _Run(
             model, Xs, codes_t, torch.from_numpy(train_idx), val_idx, optimizer, scheduler,
-            generator, tc, dev, fp, n_bad_inputs, dist, forward, seed,
+            generator, tc, dev, fp, n_bad_inputs, dist, forward, seed, epochs,
+            tc.adversary_rampup_epochs * scale, max(1, round(tc.patience * scale)),
         )  # fmt: skip
         with bar:
             _train_epochs(
@@ -499,12 +520,12 @@ def _train_epochs(
     on_epoch_end: Callable[[int, dict[str, float]], None] | None,
     bar: tqdm,
 ) -> None:
-    """Run epochs until ``max_epochs`` or early stopping, updating ``state`` in place."""
+    """Run epochs until ``run.epochs`` or early stopping, updating ``state`` in place."""
     tc, model = run.tc, run.model
-    while state.epoch < tc.max_epochs and not state.stopped:
+    while state.epoch < run.epochs and not state.stopped:
         epoch = state.epoch  # 0-based index of the epoch about to run
         t0 = time.perf_counter()
-        ramp = ramp_at(epoch, tc)
+        ramp = ramp_at(epoch, run.rampup_epochs)
         model.train()
         row = {"epoch": epoch + 1, **_run_epoch(run, ramp, epoch)}
         row.update(
@@ -518,14 +539,14 @@ def _train_epochs(
         # Early stopping only once the adversary is at full strength: before, the
         # lowest reconstruction loss belongs to the least batch-corrected model.
         monitored = row["val_recon"] if len(run.val_rows) else row["train_recon"]
-        if epoch + 1 >= tc.adversary_rampup_epochs:
+        if epoch + 1 >= run.rampup_epochs:
             if monitored < state.best_loss:
                 state.best_loss = monitored
                 state.best_state = _cpu_state(model)
                 state.bad_epochs = 0
             else:
                 state.bad_epochs += 1
-                state.stopped = state.bad_epochs >= tc.patience
+                state.stopped = state.bad_epochs >= run.patience
         state.epoch = epoch + 1
 
         if checkpoint_path is not None:
