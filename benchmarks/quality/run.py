@@ -29,6 +29,7 @@ VARIANTS: dict[str, dict] = {
     "default": {},
     "shuffled_loci": {"loci": {"order": "shuffled"}},
     "patch_4": {"model": {"patch_size": 4}},
+    "patch_16": {"model": {"patch_size": 16}},
     "patch_64": {"model": {"patch_size": 64}},
     "heads_1": {"model": {"n_heads": 1}},
     "heads_8": {"model": {"n_heads": 8}},
@@ -37,6 +38,8 @@ VARIANTS: dict[str, dict] = {
     "layers_1": {"model": {"n_layers": 1}},
     "layers_4": {"model": {"n_layers": 4}},
     "adversary_0": {"training": {"adversary_weight": 0.0}},
+    "batch_mean_0": {"training": {"batch_mean_weight": 0.0}},
+    "batch_mean_1": {"training": {"batch_mean_weight": 1.0}},
     "adversary_0.3": {"training": {"adversary_weight": 0.3}},
     "residual_on": {"correct": {"add_residual": True}},
 }

@@ -87,7 +87,9 @@ class ModelConfig:
     and classes that use them).
     """
 
-    patch_size: int = 16  # consecutive loci per token (1 = one token per locus)
+    # Consecutive loci per token (1 = one token per locus). 32 rather than 16: the same
+    # scores on CellBench within a seed's spread, at half the tokens (training 1.9x faster).
+    patch_size: int = 32
     d_model: int = 64
     n_heads: int = 4
     n_layers: int = 2
