@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import math
 import os
 import pickle
 import random
+import re
 import sys
 import time
 import warnings
@@ -836,6 +838,23 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
 # Checkpoints
 # --------------------------------------------------------------------------------------
 
+_TORCH_ENFORCE = re.compile(r"\[enforce fail at [^\]]*\]\s*\.?\s*")
+
+
+def save_atomic(payload: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` under :func:`~locusformer.atomic.atomic_path`.
+
+    torch's zip writer reports a full disk as a ``RuntimeError`` ("PytorchStreamWriter
+    failed writing file ...: file write failed"), not an ``OSError``; it becomes the same
+    :class:`~locusformer.atomic.WriteError` naming ``path`` that every other writer raises.
+    """
+    with atomic.atomic_path(path) as tmp:
+        try:
+            torch.save(payload, tmp)
+        except RuntimeError as err:
+            reason = _TORCH_ENFORCE.sub("", " ".join(str(err).split())) or type(err).__name__
+            raise OSError(errno.EIO, reason, str(tmp)) from err
+
 
 def _save_checkpoint(path: str | os.PathLike, run: _Run, state: _State) -> None:
     payload = {
@@ -852,8 +871,7 @@ def _save_checkpoint(path: str | os.PathLike, run: _Run, state: _State) -> None:
         "stopped": state.stopped,
         "history": state.history,
     }
-    with atomic.atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    save_atomic(payload, path)
 
 
 def _resume(
@@ -926,8 +944,7 @@ def save_model(
         "torch_version": torch.__version__,
         "seed": seed if seed is not None else getattr(model, "train_seed", None),
     }
-    with atomic.atomic_path(weights_path) as tmp:
-        torch.save(payload, tmp)
+    save_atomic(payload, weights_path)
     atomic.write_text(config_path, json.dumps(config, indent=2) + "\n")
 
 
