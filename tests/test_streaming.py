@@ -1,0 +1,164 @@
+"""The large-data path: matrices read and written in chunks of rows give what reading them
+whole gives."""
+
+from __future__ import annotations
+
+import json
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import scanpy as sc
+from scipy import sparse
+
+import locusformer.io
+from locusformer.cli import main
+from locusformer.errors import InputError
+from locusformer.io import (
+    iter_matrix_parquet,
+    open_expression,
+    read_matrix_parquet,
+    write_matrix_parquet,
+)
+from locusformer.preprocess import NormalizeParams, normalize, plan_normalization
+
+N_SAMPLES, N_GENES = 90, 40
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks of 7 rows (of 40 genes): every step goes through many chunks."""
+    monkeypatch.setattr(locusformer.io, "CHUNK_VALUES", 7 * N_GENES)
+
+
+def _counts(seed: int = 0) -> ad.AnnData:
+    rng = np.random.default_rng(seed)
+    counts = rng.poisson(2.0, size=(N_SAMPLES, N_GENES)).astype(np.float32)
+    counts[:, :8] *= rng.integers(0, 6, size=(N_SAMPLES, 8))  # some far more variable genes
+    counts[:88, 39] = 0  # expressed in two samples only: filtered
+    counts[np.arange(N_SAMPLES), rng.integers(0, 8, N_SAMPLES)] += 1  # no empty sample
+    obs = pd.DataFrame(
+        {"batch": pd.Categorical(["b1", "b2", "b3"] * (N_SAMPLES // 3))},
+        index=pd.Index([f"s{i:03d}" for i in range(N_SAMPLES)], name="sample_id"),
+    )
+    return ad.AnnData(X=counts, obs=obs, var=pd.DataFrame(index=[f"g{j}" for j in range(40)]))
+
+
+def _reference(adata: ad.AnnData, n_top_genes: int) -> ad.AnnData:
+    """What normalize did before it worked in chunks: scanpy on the whole matrix."""
+    expressed = np.asarray((adata.X > 0).sum(axis=0)).ravel() >= 3
+    ref = adata[:, expressed].copy()
+    sc.pp.normalize_total(ref, target_sum=1e4)
+    sc.pp.log1p(ref)
+    table = sc.pp.highly_variable_genes(
+        ref, n_top_genes=n_top_genes, batch_key="batch", flavor="seurat", inplace=False
+    )
+    return ref[:, table["highly_variable"].to_numpy()]
+
+
+@pytest.mark.parametrize("stored", ["dense", "sparse"])
+def test_chunked_normalize_equals_scanpy_on_the_whole_matrix(small_chunks, stored):
+    adata = _counts()
+    if stored == "sparse":
+        adata.X = sparse.csr_matrix(adata.X)
+    out, stats = normalize(adata, "counts", "batch", NormalizeParams(n_top_genes=12))
+    reference = _reference(adata, 12)
+    assert out.var_names.tolist() == reference.var_names.tolist()
+    expected = reference.X.toarray() if sparse.issparse(reference.X) else reference.X
+    np.testing.assert_allclose(out.X, expected, rtol=1e-6, atol=1e-6)
+    assert stats["genes_dropped"] == {"not_expressed": 1, "not_highly_variable": 27}
+    assert stats["hvg_samples"] == N_SAMPLES
+
+
+def _normalize_cli(matrix, sheet, out, *extra) -> None:
+    argv = [
+        "normalize", "--expression", matrix, "--samples", sheet, "--batch-key", "batch",
+        "--value-type", "counts", "--n-top-genes", "12",
+        "--out-matrix", out / "normalized.parquet", "--out-counts", out / "counts.parquet",
+        "--out-samples", out / "samples.tsv", "--out-stats", out / "stats.json", *extra,
+    ]  # fmt: skip
+    assert main([str(a) for a in argv]) == 0
+
+
+@pytest.mark.parametrize("stored", ["dense", "sparse", "csc"])
+def test_an_h5ad_on_disk_gives_what_the_same_matrix_as_csv_gives(tmp_path, small_chunks, stored):
+    adata = _counts()
+    sheet = tmp_path / "s.tsv"
+    adata.obs.to_csv(sheet, sep="\t")
+    pd.DataFrame(adata.X.T, index=adata.var_names, columns=adata.obs_names).to_csv(
+        tmp_path / "m.csv"
+    )
+    kept = adata.copy()
+    kept.obs = pd.DataFrame(index=adata.obs_names)
+    convert = {"dense": np.asarray, "sparse": sparse.csr_matrix, "csc": sparse.csc_matrix}
+    kept.X = convert[stored](kept.X)
+    kept.write_h5ad(tmp_path / "m.h5ad")
+    _normalize_cli(tmp_path / "m.csv", sheet, tmp_path / "csv")
+    _normalize_cli(tmp_path / "m.h5ad", sheet, tmp_path / "h5ad")
+    for name in ("normalized.parquet", "counts.parquet"):
+        a = read_matrix_parquet(tmp_path / "csv" / name)
+        b = read_matrix_parquet(tmp_path / "h5ad" / name)
+        pd.testing.assert_frame_equal(a, b, rtol=1e-6, atol=1e-6)
+    reference = _reference(adata, 12)
+    assert a.columns.tolist() == reference.var_names.tolist()
+    stats = [json.loads((tmp_path / d / "stats.json").read_text()) for d in ("csv", "h5ad")]
+    assert stats[0] == stats[1]
+
+
+def test_highly_variable_genes_are_ranked_on_a_seeded_subsample(tmp_path, small_chunks):
+    adata = _counts()
+    params = NormalizeParams(n_top_genes=12, hvg_max_samples=30, seed=5)
+    out, stats = normalize(adata, "counts", "batch", params)
+    assert stats["hvg_samples"] == 30 and out.n_obs == N_SAMPLES
+    rows = np.sort(np.random.default_rng(5).choice(N_SAMPLES, size=30, replace=False))
+    assert out.var_names.tolist() == _reference(adata[rows].copy(), 12).var_names.tolist()
+    again, _ = normalize(adata, "counts", "batch", params)
+    assert again.var_names.tolist() == out.var_names.tolist()
+
+
+def test_a_non_finite_value_in_a_late_chunk_names_its_row(tmp_path, small_chunks):
+    adata = _counts()
+    adata.X[75, 3] = np.nan
+    adata.obs = pd.DataFrame(index=adata.obs_names)
+    adata.X = sparse.csr_matrix(adata.X)
+    adata.write_h5ad(tmp_path / "m.h5ad")
+    obs = _counts().obs
+    with open_expression(tmp_path / "m.h5ad") as source:
+        with pytest.raises(InputError, match=r"non-finite value .* at row 76"):
+            plan_normalization(source, obs, "counts", "batch", NormalizeParams())
+
+
+def test_an_h5ad_is_read_chunk_by_chunk_never_whole(tmp_path, small_chunks, monkeypatch):
+    adata = _counts()
+    adata.obs = pd.DataFrame(index=adata.obs_names)
+    adata.X = sparse.csr_matrix(adata.X)
+    adata.write_h5ad(tmp_path / "m.h5ad")
+    sizes = []
+    with open_expression(tmp_path / "m.h5ad") as source:
+        read = source._chunk
+        source._chunk = lambda a, b: sizes.append(b - a) or read(a, b)
+        plan = plan_normalization(source, _counts().obs, "counts", "batch", NormalizeParams())
+        list(plan.chunks(source))
+    assert max(sizes) == 7 and sum(sizes) == 3 * N_SAMPLES  # three passes, 7 rows at a time
+
+
+def test_parquet_matrices_are_written_and_read_in_row_groups(tmp_path, small_chunks):
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(N_SAMPLES, N_GENES)).astype(np.float32)
+    ids = pd.Index([f"s{i}" for i in range(N_SAMPLES)])
+    genes = pd.Index([f"g{j}" for j in range(N_GENES)])
+    path = tmp_path / "m.parquet"
+    write_matrix_parquet(path, values, ids, genes)
+    assert pq.ParquetFile(path).metadata.num_row_groups == 13  # ceil(90 / 7)
+    whole = read_matrix_parquet(path)
+    np.testing.assert_array_equal(whole.to_numpy(), values)
+    assert whole.index.tolist() == ids.tolist() and whole.columns.tolist() == genes.tolist()
+    picked = ["g5", "g1", "g30"]
+    blocks = list(iter_matrix_parquet(path, columns=picked))
+    assert max(len(b) for b in blocks) <= 7 * N_GENES // 3 + 1
+    joined = pd.concat(blocks)
+    pd.testing.assert_frame_equal(joined, whole[picked])
+    with pytest.raises(InputError, match="lacks gene column"):
+        next(iter_matrix_parquet(path, columns=["nope"]))
