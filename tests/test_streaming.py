@@ -11,6 +11,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import scanpy as sc
+from conftest import ANNOTATION
 from scipy import sparse
 
 import locusformer.io
@@ -162,3 +163,37 @@ def test_parquet_matrices_are_written_and_read_in_row_groups(tmp_path, small_chu
     pd.testing.assert_frame_equal(joined, whole[picked])
     with pytest.raises(InputError, match="lacks gene column"):
         next(iter_matrix_parquet(path, columns=["nope"]))
+
+
+def test_order_loci_reorders_block_by_block(tmp_path, small_chunks, annotation_table):
+    placed = annotation_table[annotation_table["ensembl_id"] != ""].drop_duplicates("ensembl_id")
+    genes = placed["ensembl_id"].sample(N_GENES, random_state=1).tolist()
+    rng = np.random.default_rng(2)
+    values = rng.normal(size=(N_SAMPLES, N_GENES)).astype(np.float32)
+    ids = pd.Index([f"s{i}" for i in range(N_SAMPLES)])
+    write_matrix_parquet(tmp_path / "normalized.parquet", values, ids, pd.Index(genes))
+
+    def order(matrix, out):
+        argv = [
+            "order-loci", "--matrix", matrix,
+            "--genes", ANNOTATION, "--gene-id", "ensembl_id",
+            "--out-loci", out / "loci.parquet", "--out-matrix", out / "ordered.parquet",
+            "--out-stats", out / "loci.json",
+        ]  # fmt: skip
+        return main([str(a) for a in argv])
+
+    assert order(tmp_path / "normalized.parquet", tmp_path) == 0
+    loci = pd.read_parquet(tmp_path / "loci.parquet")
+    ordered = read_matrix_parquet(tmp_path / "ordered.parquet")
+    whole = read_matrix_parquet(tmp_path / "normalized.parquet")
+    assert sorted(loci["gene_id"]) == sorted(genes) and loci["gene_id"].tolist() != genes
+    pd.testing.assert_frame_equal(ordered, whole[loci["gene_id"].tolist()])
+    assert pq.ParquetFile(tmp_path / "ordered.parquet").metadata.num_row_groups > 1
+
+    # A sample id repeated in a later block is refused, and nothing is written.
+    dup = ids.tolist()
+    dup[80] = "s3"
+    write_matrix_parquet(tmp_path / "dup.parquet", values, pd.Index(dup), pd.Index(genes))
+    out = tmp_path / "out"
+    assert order(tmp_path / "dup.parquet", out) == 2
+    assert not out.exists() or not any(out.iterdir())

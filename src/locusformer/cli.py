@@ -110,21 +110,34 @@ def _normalize(args: argparse.Namespace) -> None:
 
 @_command("order-loci")
 def _order_loci(args: argparse.Namespace) -> None:
+    import pandas as pd
+
     from .atomic import write_text
-    from .io import read_annotation, read_matrix_parquet, write_frame_parquet, write_matrix_parquet
+    from .io import (
+        iter_matrix_parquet,
+        matrix_parquet_writer,
+        open_matrix_parquet,
+        read_annotation,
+        write_frame_parquet,
+    )
     from .loci import order_loci, shuffle_loci
 
-    matrix = read_matrix_parquet(args.matrix)
+    handle, genes = open_matrix_parquet(args.matrix)
+    handle.close()
     annotation = read_annotation(args.genes, args.gene_id)
     loci, stats = order_loci(
-        matrix.columns, annotation, args.gene_id, args.unplaced, source=args.genes
+        pd.Index(genes), annotation, args.gene_id, args.unplaced, source=args.genes
     )
     if args.order == "shuffled":
         loci = shuffle_loci(loci, args.seed)
     stats["order"] = args.order
-    ordered = matrix[loci["gene_id"].tolist()]
+    # Row groups in, row groups out: memory holds one block of rows, whatever the samples.
+    # The matrix comes first, so a bad row ends the step before any output exists.
+    order = loci["gene_id"].tolist()
+    with matrix_parquet_writer(args.out_matrix, pd.Index(order)) as write:
+        for block in iter_matrix_parquet(args.matrix, columns=order):
+            write(block.to_numpy(), block.index)
     write_frame_parquet(args.out_loci, loci)
-    write_matrix_parquet(args.out_matrix, ordered.to_numpy(), ordered.index, ordered.columns)
     write_text(args.out_stats, json.dumps(stats, indent=2) + "\n")
     log.info(
         "placed %d of %d loci (%.1f%%), unplaced: %s",
