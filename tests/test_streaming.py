@@ -11,11 +11,14 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import scanpy as sc
+import torch
 from conftest import ANNOTATION
 from scipy import sparse
 
+import locusformer.correct
 import locusformer.io
 from locusformer.cli import main
+from locusformer.correct import run_correct
 from locusformer.errors import InputError
 from locusformer.io import (
     iter_matrix_parquet,
@@ -24,6 +27,8 @@ from locusformer.io import (
     write_matrix_parquet,
 )
 from locusformer.preprocess import NormalizeParams, normalize, plan_normalization
+from locusformer.simulate import simulate
+from locusformer.train import save_model, train_corrector
 
 N_SAMPLES, N_GENES = 90, 40
 
@@ -197,3 +202,82 @@ def test_order_loci_reorders_block_by_block(tmp_path, small_chunks, annotation_t
     out = tmp_path / "out"
     assert order(tmp_path / "dup.parquet", out) == 2
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    sim = simulate(n_samples=60, n_loci=50, n_batches=2, seed=1)
+    labels = [f"b{b}" for b in sim.batch]
+    config = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
+    torch.set_num_threads(1)
+    model, _ = train_corrector(
+        sim.X, labels, sim.loci, config, {"max_epochs": 1}, seed=0, device="cpu", progress=False
+    )
+    return sim, labels, model
+
+
+def test_correct_streams_blocks_into_all_three_outputs(tmp_path, tiny_model, monkeypatch):
+    sim, labels, model = tiny_model
+    monkeypatch.setattr(locusformer.io, "CHUNK_VALUES", 9 * 50)  # blocks of 9 rows
+    ids = pd.Index([f"c{i}" for i in range(len(sim.X))], name="sample_id")
+    write_matrix_parquet(tmp_path / "ordered.parquet", sim.X, ids, sim.loci["gene_id"])
+    pd.DataFrame({"sample_id": ids, "batch": labels, "group": sim.group}).to_csv(
+        tmp_path / "samples.tsv", sep="\t", index=False
+    )
+    save_model(model, tmp_path / "model.pt", tmp_path / "model.json", loci=sim.loci)
+    blocks = []
+    whole_correct = locusformer.correct.correct
+
+    def spy(model, X, *args, **kwargs):
+        blocks.append(len(X))
+        return whole_correct(model, X, *args, **kwargs)
+
+    monkeypatch.setattr(locusformer.correct, "correct", spy)
+    out = tmp_path / "out"
+    run_correct(
+        tmp_path / "ordered.parquet", tmp_path / "samples.tsv", "batch",
+        tmp_path / "model.pt", tmp_path / "model.json",
+        out / "corrected.parquet", out / "latent.parquet", out / "locusformer.h5ad",
+        chunk_size=4, device="cpu",
+    )  # fmt: skip
+    assert max(blocks) == 9 and sum(blocks) == len(sim.X)
+
+    expected, latent = whole_correct(model, sim.X, labels, chunk_size=4, device="cpu")
+    # Chunks of 4 within blocks of 9 are not those of the whole: float rounding differs.
+    close = {"rtol": 1e-6, "atol": 1e-6}
+    corrected = read_matrix_parquet(out / "corrected.parquet")
+    np.testing.assert_allclose(corrected.to_numpy(), expected, **close)
+    assert corrected.index.equals(ids) and corrected.columns.tolist() == model.gene_ids
+    z = read_matrix_parquet(out / "latent.parquet")
+    np.testing.assert_allclose(z.to_numpy(), latent, **close)
+    assert z.columns.tolist() == [f"latent_{i}" for i in range(4)]
+
+    h5ad = ad.read_h5ad(out / "locusformer.h5ad")
+    np.testing.assert_array_equal(h5ad.X, sim.X)
+    np.testing.assert_array_equal(h5ad.layers["corrected"], corrected.to_numpy())
+    np.testing.assert_array_equal(h5ad.obsm["X_locusformer"], z.to_numpy())
+    assert h5ad.obs_names.tolist() == ids.tolist() and h5ad.obs["batch"].tolist() == labels
+    assert h5ad.var_names.tolist() == model.gene_ids
+    assert h5ad.var["chrom"].tolist() == sim.loci["chrom"].astype(str).tolist()
+    assert sorted(p.name for p in out.iterdir()) == [
+        "corrected.parquet", "latent.parquet", "locusformer.h5ad"
+    ]  # fmt: skip
+
+
+def test_correct_refuses_an_unknown_batch_before_writing(tmp_path, tiny_model):
+    sim, labels, model = tiny_model
+    ids = pd.Index([f"c{i}" for i in range(len(sim.X))], name="sample_id")
+    write_matrix_parquet(tmp_path / "ordered.parquet", sim.X, ids, sim.loci["gene_id"])
+    labels = ["b9", *labels[1:]]
+    pd.DataFrame({"sample_id": ids, "batch": labels}).to_csv(
+        tmp_path / "samples.tsv", sep="\t", index=False
+    )
+    save_model(model, tmp_path / "model.pt", tmp_path / "model.json")
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match="not seen in training: 'b9'"):
+        run_correct(
+            tmp_path / "ordered.parquet", tmp_path / "samples.tsv", "batch",
+            tmp_path / "model.pt", tmp_path / "model.json",
+            out / "c.parquet", out / "z.parquet", out / "x.h5ad", device="cpu",
+        )  # fmt: skip
+    assert not out.exists() or not list(out.iterdir())
