@@ -4,6 +4,8 @@ whole gives."""
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import anndata as ad
 import numpy as np
@@ -28,7 +30,7 @@ from locusformer.io import (
 )
 from locusformer.preprocess import NormalizeParams, normalize, plan_normalization
 from locusformer.simulate import simulate
-from locusformer.train import save_model, train_corrector
+from locusformer.train import run_train, save_model, train_corrector
 
 N_SAMPLES, N_GENES = 90, 40
 
@@ -281,3 +283,45 @@ def test_correct_refuses_an_unknown_batch_before_writing(tmp_path, tiny_model):
             out / "c.parquet", out / "z.parquet", out / "x.h5ad", device="cpu",
         )  # fmt: skip
     assert not out.exists() or not list(out.iterdir())
+
+
+@pytest.mark.parametrize("how", ["always", "auto with little memory"])
+def test_training_from_disk_gives_what_training_in_memory_gives(tmp_path, monkeypatch, how):
+    sim = simulate(n_samples=48, n_loci=40, n_batches=2, seed=3)
+    ids = pd.Index([f"c{i}" for i in range(len(sim.X))], name="sample_id")
+    write_matrix_parquet(tmp_path / "ordered.parquet", sim.X, ids, sim.loci["gene_id"])
+    sim.loci.to_parquet(tmp_path / "loci.parquet")
+    pd.DataFrame({"sample_id": ids, "batch": [f"b{b}" for b in sim.batch]}).to_csv(
+        tmp_path / "samples.tsv", sep="\t", index=False
+    )
+    monkeypatch.setattr(locusformer.io, "CHUNK_VALUES", 5 * 40)  # stats over many blocks
+    made = []
+    mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: made.append(mkdtemp(**kw)) or made[-1])
+    torch.set_num_threads(1)
+
+    def train(mode: str, out: Path):
+        params = {
+            "model": dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4),
+            "train": {"max_epochs": 3, "batch_size": 8, "data_on_disk": mode},
+        }
+        model = run_train(
+            tmp_path / "ordered.parquet", tmp_path / "loci.parquet", tmp_path / "samples.tsv",
+            "batch", params, out / "model.pt", out / "model.json", out / "history.tsv",
+            out / "ckpt.pt", seed=7, device="cpu", progress=False,
+        )  # fmt: skip
+        return model.state_dict(), pd.read_csv(out / "history.tsv", sep="\t")
+
+    memory_state, memory_history = train("never", tmp_path / "memory")
+    assert made == []
+    if how == "always":
+        disk_state, disk_history = train("always", tmp_path / "disk")
+    else:
+        monkeypatch.setattr(locusformer.io, "available_memory", lambda: 2 * 48 * 40 * 4)
+        disk_state, disk_history = train("auto", tmp_path / "disk")
+    assert len(made) == 1 and Path(made[0]).parent == tmp_path / "disk"
+    assert not Path(made[0]).exists(), "the memory map is removed after training"
+    for name, value in memory_state.items():
+        torch.testing.assert_close(disk_state[name], value, rtol=1e-5, atol=1e-5)
+    columns = [c for c in memory_history.columns if c != "seconds"]
+    pd.testing.assert_frame_equal(disk_history[columns], memory_history[columns], rtol=1e-5)
