@@ -482,25 +482,27 @@ def _open_h5ad(path: Path, layer: str | None, held_rows: int | None) -> RowSourc
         element = handle["layers"][layer] if layer else handle.get("X")
         if element is None or 0 in (len(obs_names), len(var_names)):
             raise InputError(path, "matrix has no genes or no samples")
-        if isinstance(element, h5py.Group):
-            stored = sparse_dataset(element)
-            if stored.format == "csc":
-                # Rows of a column-compressed matrix are spread over all of it: read it once.
-                stored = stored.to_memory().tocsr()
-        else:
-            stored = element
+        stored = sparse_dataset(element) if isinstance(element, h5py.Group) else element
         if tuple(stored.shape) != (len(obs_names), len(var_names)):
             raise InputError(path, "matrix shape does not match its sample and gene ids")
+        # Rows of a column-compressed matrix are spread over all of it: it is read once.
+        whole = getattr(stored, "format", "") == "csc"
         need = estimate_matrix_memory(path, "h5ad")
         if need is not None:
             # What is held: a share of the arrays (the rows kept) and a dense chunk.
-            share = min(1.0, (held_rows or len(obs_names)) / len(obs_names))
+            held_share = (held_rows or len(obs_names)) / len(obs_names)
+            share = 1.0 if whole else min(1.0, held_share)
             chunk = rows_per_chunk(len(var_names)) * len(var_names) * BYTES_PER_VALUE
             held = int(need[0] * share) + min(chunk, len(obs_names) * len(var_names) * 4)
             check_memory(path, (held, f"{need[1]} ({share:.0%} of its rows at once)"))
+        if whole:
+            stored = stored.to_memory().tocsr()
     except InputError:
         handle.close()
         raise
+    except Exception as exc:  # an unexpected layout: say so in one line
+        handle.close()
+        raise InputError(path, f"cannot read h5ad: {type(exc).__name__}: {exc}") from None
     obs_names = pd.Index(obs_names.astype(str), name="sample_id")
     var_names = pd.Index(var_names.astype(str), name="gene_id")
     try:
@@ -724,9 +726,16 @@ def iter_matrix_parquet(
             raise InputError(path, f"{what} lacks gene column(s): {', '.join(missing[:5])}")
     wanted = genes if columns is None else columns
     seen: set[str] = set()
+    step = rows or rows_per_chunk(len(wanted))
     try:
-        batches = handle.iter_batches(
-            batch_size=rows or rows_per_chunk(len(wanted)), columns=[*wanted, "sample_id"]
+        # Row group by row group: ParquetFile.iter_batches keeps part of every batch it
+        # read allocated (about a quarter of its size here), so its memory grows with the
+        # file; read_row_group frees each group once it is dropped.
+        batches = (
+            group.slice(offset, step)
+            for i in range(handle.metadata.num_row_groups)
+            for group in [handle.read_row_group(i, columns=[*wanted, "sample_id"])]
+            for offset in range(0, group.num_rows, step)
         )
         for batch in batches:
             ids = pd.Index(batch.column("sample_id").to_pandas().astype(str), name="sample_id")
