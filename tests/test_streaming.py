@@ -20,7 +20,7 @@ from scipy import sparse
 import locusformer.correct
 import locusformer.io
 from locusformer.cli import main
-from locusformer.correct import run_correct
+from locusformer.correct import attention_map, run_attention, run_correct
 from locusformer.errors import InputError
 from locusformer.io import (
     iter_matrix_parquet,
@@ -325,3 +325,22 @@ def test_training_from_disk_gives_what_training_in_memory_gives(tmp_path, monkey
         torch.testing.assert_close(disk_state[name], value, rtol=1e-5, atol=1e-5)
     columns = [c for c in memory_history.columns if c != "seconds"]
     pd.testing.assert_frame_equal(disk_history[columns], memory_history[columns], rtol=1e-5)
+
+
+def test_the_attention_map_reads_only_the_samples_it_averages(tmp_path, tiny_model, monkeypatch):
+    sim, labels, model = tiny_model
+    monkeypatch.setattr(locusformer.io, "CHUNK_VALUES", 9 * 50)
+    ids = pd.Index([f"c{i}" for i in range(len(sim.X))], name="sample_id")
+    write_matrix_parquet(tmp_path / "ordered.parquet", sim.X, ids, sim.loci["gene_id"])
+    pd.DataFrame({"sample_id": ids, "batch": labels}).to_csv(
+        tmp_path / "samples.tsv", sep="\t", index=False
+    )
+    save_model(model, tmp_path / "model.pt", tmp_path / "model.json", loci=sim.loci)
+    run_attention(
+        tmp_path / "ordered.parquet", None, tmp_path / "samples.tsv", "batch",
+        tmp_path / "model.pt", tmp_path / "model.json", tmp_path / "attn.npz",
+        device="cpu", max_samples=13,
+    )  # fmt: skip
+    expected = attention_map(model, sim.X, labels, max_samples=13)
+    with np.load(tmp_path / "attn.npz") as saved:
+        np.testing.assert_allclose(saved["attention"], expected, rtol=1e-6, atol=1e-7)

@@ -27,7 +27,6 @@ from locusformer.train import (
     autocast,
     load_model,
     read_batches,
-    read_ordered,
     resolve_device,
 )
 
@@ -216,18 +215,6 @@ def write_attention(
         )
 
 
-def _read_matching(ordered_path: str | os.PathLike, model: LocusFormer) -> pd.DataFrame:
-    """Read ordered.parquet and check its genes are the model's, in the same order."""
-    ordered = read_ordered(ordered_path)
-    if model.gene_ids is not None and ordered.columns.tolist() != model.gene_ids:
-        raise InputError(
-            ordered_path,
-            f"gene columns differ from the {model.n_loci} loci the model was trained on "
-            "(same genes in the same order required)",
-        )
-    return ordered
-
-
 def run_attention(
     ordered_path: str | os.PathLike,
     loci_path: str | os.PathLike | None,
@@ -244,14 +231,22 @@ def run_attention(
     ``loci_path``, when given, is only checked against the model's genes.
     """
     model = load_model(weights_path, config_path).to(resolve_device(device))
-    ordered = _read_matching(ordered_path, model)
+    sample_ids = _matching_ids(ordered_path, model)
     if loci_path is not None:
         loci = pd.read_parquet(loci_path, engine="pyarrow")
         if loci.get("gene_id", pd.Series(dtype=str)).astype(str).tolist() != model.gene_ids:
             raise InputError(loci_path, f"gene ids do not match the model in {weights_path}")
-    batches = read_batches(samples_path, batch_key, ordered.index)[batch_key].tolist()
-    X = ordered.to_numpy(dtype=np.float32)
-    write_attention(model, X, batches, attention_out, max_samples=max_samples)
+    batches = read_batches(samples_path, batch_key, sample_ids)[batch_key].tolist()
+    # Only the samples the map is averaged over are read, block by block.
+    chosen = np.sort(_round_robin(batch_codes(model, batches))[:max_samples])
+    X = np.empty((len(chosen), model.n_loci), dtype=np.float32)
+    done = 0
+    for block in iter_matrix_parquet(ordered_path, "ordered matrix"):
+        lo, hi = np.searchsorted(chosen, [done, done + len(block)])
+        X[lo:hi] = block.to_numpy()[chosen[lo:hi] - done]
+        done += len(block)
+    labels = [batches[i] for i in chosen]
+    write_attention(model, X, labels, attention_out, max_samples=len(chosen))
 
 
 def _matching_ids(ordered_path: str | os.PathLike, model: LocusFormer) -> pd.Index:

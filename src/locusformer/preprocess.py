@@ -291,8 +291,10 @@ class Normalization:
     target_sum: float
     stats: dict
 
-    def transform(self, block: np.ndarray | sparse.csr_matrix, rows: slice) -> np.ndarray:
-        """Normalized log-expression of a chunk of rows of the input, all its columns."""
+    def transform(
+        self, block: np.ndarray | sparse.csr_matrix, rows: slice
+    ) -> np.ndarray | sparse.csr_matrix:
+        """Normalized log-expression of the input's ``rows`` (sparse stays sparse)."""
         if self.library is None:  # log-expression is used as it is
             return sparse.csr_matrix(block, dtype=np.float32) if sparse.issparse(block) else block
         scale = (self.target_sum / self.library[rows]).astype(np.float32)
