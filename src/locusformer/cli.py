@@ -9,6 +9,7 @@ nothing is written for a step that fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -50,43 +51,54 @@ def _json_arg(text: str) -> dict:
 @_command("normalize")
 def _normalize(args: argparse.Namespace) -> None:
     from .atomic import write_text
-    from .io import read_expression, read_sample_sheet, write_matrix_parquet, write_tsv
-    from .preprocess import NormalizeParams, attach_samples, normalize
+    from .io import matrix_parquet_writer, open_expression, read_sample_sheet, write_tsv
+    from .preprocess import NormalizeParams, plan_normalization, sample_table
 
-    adata = read_expression(args.expression, layer=args.layer)
-    sheet = read_sample_sheet(args.samples, sample_column=args.sample_column)
-    adata = attach_samples(
-        adata,
-        sheet,
-        args.batch_key,
-        args.label_key,
-        matrix_path=args.expression,
-        sheet_path=args.samples,
-    )
     params = NormalizeParams(
-        target_sum=args.target_sum, min_samples=args.min_samples, n_top_genes=args.n_top_genes
+        target_sum=args.target_sum,
+        min_samples=args.min_samples,
+        n_top_genes=args.n_top_genes,
+        hvg_max_samples=args.hvg_max_samples,
+        seed=args.seed,
     )
-    normalized, stats = normalize(
-        adata, args.value_type, args.batch_key, params, source=args.expression
-    )
+    # An h5ad stays on disk and is read in chunks of rows, more than once; memory holds
+    # one chunk, per-sample vectors and the rows that rank highly variable genes.
+    with open_expression(
+        args.expression, layer=args.layer, held_rows=params.hvg_max_samples
+    ) as source:
+        sheet = read_sample_sheet(args.samples, sample_column=args.sample_column)
+        obs = sample_table(
+            source.obs_names,
+            source.var_names,
+            sheet,
+            args.batch_key,
+            args.label_key,
+            matrix_path=args.expression,
+            sheet_path=args.samples,
+        )
+        plan = plan_normalization(source, obs, args.value_type, args.batch_key, params)
+        stats = plan.stats
+        genes = source.var_names[plan.genes]
+        # Log-expression input has no counts; an empty marker keeps the rule's outputs
+        # fixed while telling count-based methods (scVI) that they cannot run.
+        count_genes = genes if plan.library is not None else genes[:0]
+        with contextlib.ExitStack() as outputs:
+            write = outputs.enter_context(matrix_parquet_writer(args.out_matrix, genes))
+            write_counts = None
+            if args.out_counts:
+                write_counts = outputs.enter_context(
+                    matrix_parquet_writer(args.out_counts, count_genes)
+                )
+            for rows, normalized, counts in plan.chunks(source):
+                ids = obs.index[rows]
+                write(normalized, ids)
+                if write_counts is not None:
+                    write_counts(counts if counts is not None else normalized[:, :0], ids)
     if args.label_key:
-        labels = normalized.obs[args.label_key].astype(str).value_counts().sort_index()
+        labels = obs[args.label_key].astype(str).value_counts().sort_index()
         stats["samples_per_label"] = {str(k): int(v) for k, v in labels.items()}
     stats["batch_key"], stats["label_key"] = args.batch_key, args.label_key
-    write_matrix_parquet(args.out_matrix, normalized.X, normalized.obs_names, normalized.var_names)
-    if args.out_counts:
-        if "counts" in normalized.layers:
-            counts = normalized.layers["counts"]
-            write_matrix_parquet(
-                args.out_counts, counts, normalized.obs_names, normalized.var_names
-            )
-        else:
-            # Log-expression input has no counts; an empty marker keeps the rule's outputs
-            # fixed while telling count-based methods (scVI) that they cannot run.
-            write_matrix_parquet(
-                args.out_counts, normalized.X[:, :0], normalized.obs_names, normalized.var_names[:0]
-            )
-    write_tsv(args.out_samples, normalized.obs)
+    write_tsv(args.out_samples, obs)
     write_text(args.out_stats, json.dumps(stats, indent=2) + "\n")
     log.info(
         "normalized %d samples: %d of %d genes kept",
@@ -98,21 +110,34 @@ def _normalize(args: argparse.Namespace) -> None:
 
 @_command("order-loci")
 def _order_loci(args: argparse.Namespace) -> None:
+    import pandas as pd
+
     from .atomic import write_text
-    from .io import read_annotation, read_matrix_parquet, write_frame_parquet, write_matrix_parquet
+    from .io import (
+        iter_matrix_parquet,
+        matrix_parquet_writer,
+        open_matrix_parquet,
+        read_annotation,
+        write_frame_parquet,
+    )
     from .loci import order_loci, shuffle_loci
 
-    matrix = read_matrix_parquet(args.matrix)
+    handle, genes = open_matrix_parquet(args.matrix)
+    handle.close()
     annotation = read_annotation(args.genes, args.gene_id)
     loci, stats = order_loci(
-        matrix.columns, annotation, args.gene_id, args.unplaced, source=args.genes
+        pd.Index(genes), annotation, args.gene_id, args.unplaced, source=args.genes
     )
     if args.order == "shuffled":
         loci = shuffle_loci(loci, args.seed)
     stats["order"] = args.order
-    ordered = matrix[loci["gene_id"].tolist()]
+    # Row groups in, row groups out: memory holds one block of rows, whatever the samples.
+    # The matrix comes first, so a bad row ends the step before any output exists.
+    order = loci["gene_id"].tolist()
+    with matrix_parquet_writer(args.out_matrix, pd.Index(order)) as write:
+        for block in iter_matrix_parquet(args.matrix, columns=order):
+            write(block.to_numpy(), block.index)
     write_frame_parquet(args.out_loci, loci)
-    write_matrix_parquet(args.out_matrix, ordered.to_numpy(), ordered.index, ordered.columns)
     write_text(args.out_stats, json.dumps(stats, indent=2) + "\n")
     log.info(
         "placed %d of %d loci (%.1f%%), unplaced: %s",
@@ -390,6 +415,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-sum", type=float, default=1e4)
     p.add_argument("--min-samples", type=int, default=3)
     p.add_argument("--n-top-genes", type=int, default=2000)
+    p.add_argument(
+        "--hvg-max-samples",
+        type=int,
+        default=100_000,
+        help="rank highly variable genes on a seeded subsample of this many samples at most",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of that subsample")
     p.add_argument("--out-matrix", required=True)
     p.add_argument("--out-counts", default=None)
     p.add_argument("--out-samples", required=True)

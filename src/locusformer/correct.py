@@ -8,8 +8,9 @@ samples.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +20,13 @@ import torch
 
 from locusformer import atomic
 from locusformer.errors import InputError
-from locusformer.io import write_matrix_parquet
+from locusformer.io import iter_matrix_parquet, matrix_parquet_writer, open_matrix_parquet
 from locusformer.model import CHROMOSOMES, LocusFormer
 from locusformer.train import (
     as_matrix,
     autocast,
     load_model,
     read_batches,
-    read_ordered,
     resolve_device,
 )
 
@@ -215,18 +215,6 @@ def write_attention(
         )
 
 
-def _read_matching(ordered_path: str | os.PathLike, model: LocusFormer) -> pd.DataFrame:
-    """Read ordered.parquet and check its genes are the model's, in the same order."""
-    ordered = read_ordered(ordered_path)
-    if model.gene_ids is not None and ordered.columns.tolist() != model.gene_ids:
-        raise InputError(
-            ordered_path,
-            f"gene columns differ from the {model.n_loci} loci the model was trained on "
-            "(same genes in the same order required)",
-        )
-    return ordered
-
-
 def run_attention(
     ordered_path: str | os.PathLike,
     loci_path: str | os.PathLike | None,
@@ -243,14 +231,41 @@ def run_attention(
     ``loci_path``, when given, is only checked against the model's genes.
     """
     model = load_model(weights_path, config_path).to(resolve_device(device))
-    ordered = _read_matching(ordered_path, model)
+    sample_ids = _matching_ids(ordered_path, model)
     if loci_path is not None:
         loci = pd.read_parquet(loci_path, engine="pyarrow")
         if loci.get("gene_id", pd.Series(dtype=str)).astype(str).tolist() != model.gene_ids:
             raise InputError(loci_path, f"gene ids do not match the model in {weights_path}")
-    batches = read_batches(samples_path, batch_key, ordered.index)[batch_key].tolist()
-    X = ordered.to_numpy(dtype=np.float32)
-    write_attention(model, X, batches, attention_out, max_samples=max_samples)
+    batches = read_batches(samples_path, batch_key, sample_ids)[batch_key].tolist()
+    # Only the samples the map is averaged over are read, block by block.
+    chosen = np.sort(_round_robin(batch_codes(model, batches))[:max_samples])
+    X = np.empty((len(chosen), model.n_loci), dtype=np.float32)
+    done = 0
+    for block in iter_matrix_parquet(ordered_path, "ordered matrix"):
+        lo, hi = np.searchsorted(chosen, [done, done + len(block)])
+        X[lo:hi] = block.to_numpy()[chosen[lo:hi] - done]
+        done += len(block)
+    labels = [batches[i] for i in chosen]
+    write_attention(model, X, labels, attention_out, max_samples=len(chosen))
+
+
+def _matching_ids(ordered_path: str | os.PathLike, model: LocusFormer) -> pd.Index:
+    """Sample ids of ordered.parquet, after checking its genes are the model's, in order.
+
+    Reads the ids and the schema only, not the values.
+    """
+    handle, genes = open_matrix_parquet(ordered_path, "ordered matrix")
+    try:
+        if model.gene_ids is not None and genes != model.gene_ids:
+            raise InputError(
+                ordered_path,
+                f"gene columns differ from the {model.n_loci} loci the model was trained on "
+                "(same genes in the same order required)",
+            )
+        ids = handle.read(columns=["sample_id"]).column("sample_id").to_pandas()
+    finally:
+        handle.close()
+    return pd.Index(ids.astype(str), name="sample_id")
 
 
 def run_correct(
@@ -272,40 +287,88 @@ def run_correct(
     corrected.parquet has the input's sample index and gene columns (float32);
     latent.parquet has columns latent_0..latent_{d-1}; the .h5ad holds X = input,
     layers["corrected"], obsm["X_locusformer"] = latent, obs = sample table, var = loci.
+
+    The input is read in blocks of rows and every output written block by block, so
+    memory holds one block (and per-sample ids and batches), whatever the number of
+    samples.
     """
     model = load_model(weights_path, config_path)
     _check_reference(model, reference)
-    ordered = _read_matching(ordered_path, model)
-    samples = read_batches(samples_path, batch_key, ordered.index)
-    X = ordered.to_numpy(dtype=np.float32)
-    corrected, latent = correct(
-        model,
-        X,
-        samples[batch_key].tolist(),
-        reference=reference,
-        add_residual=add_residual,
-        chunk_size=chunk_size,
-        device=device,
-    )
-    write_matrix_parquet(corrected_out, corrected, ordered.index, ordered.columns)
-    latent_cols = pd.Index([f"latent_{i}" for i in range(latent.shape[1])])
-    write_matrix_parquet(latent_out, latent, ordered.index, latent_cols)
+    if chunk_size < 1:
+        raise InputError("chunk_size", f"must be >= 1, got {chunk_size}")
+    sample_ids = _matching_ids(ordered_path, model)
+    samples = read_batches(samples_path, batch_key, sample_ids)
+    labels = samples[batch_key].to_numpy()
+    batch_codes(model, labels)  # an unknown batch is refused before anything is written
+    genes = pd.Index(model.gene_ids) if model.gene_ids is not None else None
+    with contextlib.ExitStack() as outputs:
+        writers = None
+        done = 0
+        for block in iter_matrix_parquet(ordered_path, "ordered matrix"):
+            if writers is None:
+                genes = block.columns if genes is None else genes
+                writers = _open_outputs(
+                    outputs, model, samples, genes, corrected_out, latent_out, h5ad_out
+                )
+            rows = slice(done, done + len(block))
+            X = block.to_numpy()
+            corrected, latent = correct(
+                model,
+                X,
+                labels[rows],
+                reference=reference,
+                add_residual=add_residual,
+                chunk_size=chunk_size,
+                device=device,
+            )
+            for write in writers:
+                write(rows, block.index, X, corrected, latent)
+            done = rows.stop
+
+
+def _open_outputs(
+    outputs: contextlib.ExitStack,
+    model: LocusFormer,
+    samples: pd.DataFrame,
+    genes: pd.Index,
+    corrected_out: str | os.PathLike,
+    latent_out: str | os.PathLike,
+    h5ad_out: str | os.PathLike | None,
+) -> list[Callable[..., None]]:
+    """Writers of correct's outputs, each ``write(rows, ids, X, corrected, latent)``."""
+    latent_cols = pd.Index([f"latent_{i}" for i in range(model.config.latent_dim)])
+    corrected = outputs.enter_context(matrix_parquet_writer(corrected_out, genes))
+    latent = outputs.enter_context(matrix_parquet_writer(latent_out, latent_cols))
+    writers = [
+        lambda rows, ids, X, c, z: corrected(c, ids),
+        lambda rows, ids, X, c, z: latent(z, ids),
+    ]
     if h5ad_out is not None:
-        _write_h5ad(
-            X, corrected, latent, samples, ordered.columns, getattr(model, "loci", None), h5ad_out
+        loci = getattr(model, "loci", None)
+        h5ad = outputs.enter_context(
+            h5ad_writer(h5ad_out, samples, genes, loci, model.config.latent_dim)
         )
+        writers.append(lambda rows, ids, X, c, z: h5ad(rows, X, c, z))
+    return writers
 
 
-def _write_h5ad(
-    X: np.ndarray,
-    corrected: np.ndarray,
-    latent: np.ndarray,
+@contextlib.contextmanager
+def h5ad_writer(
+    path: str | os.PathLike,
     samples: pd.DataFrame,
     genes: pd.Index,
     loci: pd.DataFrame | None,
-    path: str | os.PathLike,
-) -> None:
+    latent_dim: int,
+) -> Iterator[Callable[[slice, np.ndarray, np.ndarray, np.ndarray], None]]:
+    """Atomically write correct's .h5ad one block of rows at a time.
+
+    Yields ``write(rows, X, corrected, latent)``. anndata writes the skeleton (obs, var,
+    empty mappings); ``X``, ``layers/corrected`` and ``obsm/X_locusformer`` are then
+    filled as h5py datasets carrying anndata's encoding of a dense array, so the file
+    reads back with :func:`anndata.read_h5ad` like one written from memory.
+    """
     import anndata as ad  # imported here: slow to import and only needed for this output
+    import h5py
 
     obs = samples.copy()
     obs.index = obs.index.astype(str).rename("sample_id")
@@ -317,8 +380,21 @@ def _write_h5ad(
     for frame in (obs, var):  # what anndata would do anyway, without telling on stderr
         for column in frame.select_dtypes(include="object").columns:
             frame[column] = frame[column].astype(str).astype("category")
-    adata = ad.AnnData(X=X, obs=obs, var=var)
-    adata.layers["corrected"] = corrected
-    adata.obsm["X_locusformer"] = latent
+    n, n_loci = len(obs), len(var)
     with atomic.atomic_path(path) as tmp:
-        adata.write_h5ad(Path(tmp))
+        ad.AnnData(obs=obs, var=var).write_h5ad(Path(tmp))
+        with h5py.File(tmp, "r+") as handle:
+            datasets = [
+                handle.create_dataset("X", (n, n_loci), dtype="float32"),
+                handle["layers"].create_dataset("corrected", (n, n_loci), dtype="float32"),
+                handle["obsm"].create_dataset("X_locusformer", (n, latent_dim), dtype="float32"),
+            ]
+            for dataset in datasets:
+                dataset.attrs["encoding-type"] = "array"
+                dataset.attrs["encoding-version"] = "0.2.0"
+
+            def write(rows: slice, *blocks: np.ndarray) -> None:
+                for dataset, block in zip(datasets, blocks, strict=True):
+                    dataset[rows] = block
+
+            yield write

@@ -6,12 +6,14 @@ that names the file, so the CLI can print one line and stop before writing anyth
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import io
 import os
 import re
 import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anndata as ad
@@ -367,6 +369,169 @@ def _read_h5ad(path: Path, layer: str | None) -> ad.AnnData:
     )
 
 
+# -- row chunks ------------------------------------------------------------------------------
+
+#: Matrix values per chunk of rows (64 MiB of float32): what streaming steps hold at once.
+CHUNK_VALUES = 1 << 24
+
+
+def rows_per_chunk(n_columns: int, values: int | None = None) -> int:
+    """Rows of ``n_columns`` values that make one chunk of about ``values`` values."""
+    return max(1, (values or CHUNK_VALUES) // max(1, n_columns))
+
+
+class RowSource:
+    """A samples x genes matrix read in chunks of rows: in memory, or an h5ad on disk.
+
+    ``chunk(start, stop)`` returns rows ``start:stop`` as float32, a ``csr_matrix`` when
+    the matrix is stored sparse, else an ndarray. Steps that go through every row chunk by
+    chunk hold one chunk at a time, whatever the number of samples.
+    """
+
+    def __init__(
+        self,
+        path: PathLike,
+        obs_names: pd.Index,
+        var_names: pd.Index,
+        chunk: Callable[[int, int], np.ndarray | sparse.csr_matrix],
+        close: Callable[[], None] | None = None,
+    ) -> None:
+        self.path = str(path)
+        self.obs_names = obs_names
+        self.var_names = var_names
+        self._chunk = chunk
+        self._close = close
+
+    @classmethod
+    def from_anndata(cls, adata: ad.AnnData, path: PathLike = "expression matrix") -> RowSource:
+        matrix = adata.X
+        if sparse.issparse(matrix):
+            matrix = sparse.csr_matrix(matrix, dtype=np.float32)
+        return cls(path, adata.obs_names, adata.var_names, lambda a, b: matrix[a:b])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.obs_names), len(self.var_names)
+
+    def chunk(self, start: int, stop: int) -> np.ndarray | sparse.csr_matrix:
+        block = self._chunk(start, stop)
+        if sparse.issparse(block):
+            return sparse.csr_matrix(block, dtype=np.float32)
+        return np.asarray(block, dtype=np.float32)
+
+    def chunks(
+        self, rows: int | None = None
+    ) -> Iterator[tuple[slice, np.ndarray | sparse.csr_matrix]]:
+        """Yield (row slice, rows) from the first row to the last."""
+        n = len(self.obs_names)
+        rows = rows or rows_per_chunk(len(self.var_names))
+        for start in range(0, n, rows):
+            stop = min(start + rows, n)
+            yield slice(start, stop), self.chunk(start, stop)
+
+    def close(self) -> None:
+        if self._close is not None:
+            self._close()
+
+    def __enter__(self) -> RowSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_expression(
+    path: PathLike, layer: str | None = None, *, held_rows: int | None = None
+) -> RowSource:
+    """Open an expression matrix for reading in row chunks (see :class:`RowSource`).
+
+    An ``.h5ad`` stays on disk: only its sample and gene ids are read now, the values
+    chunk by chunk when asked for (anndata's backed mode for the ids, its on-disk sparse
+    dataset for the values). A text or parquet matrix is genes x samples, so a chunk of
+    samples is a set of columns spread over the whole file: it is read whole (see
+    :func:`read_expression`) and served from memory. Value checks (non-finite values)
+    happen on each chunk, see :func:`check_chunk`. ``held_rows``: how many rows of an
+    h5ad the caller keeps in memory at once (for the memory check; default all).
+    """
+    path = Path(path)
+    kind = matrix_format(path)
+    if kind != "h5ad":
+        return RowSource.from_anndata(read_expression(path), path)
+    if not path.is_file():
+        raise InputError(path, "file not found")
+    return _open_h5ad(path, layer, held_rows)
+
+
+def _open_h5ad(path: Path, layer: str | None, held_rows: int | None) -> RowSource:
+    import h5py
+    from anndata.io import sparse_dataset
+
+    try:
+        backed = ad.read_h5ad(path, backed="r")
+        obs_names, var_names = backed.obs_names.copy(), backed.var_names.copy()
+        layers = list(backed.layers.keys()) if layer else []
+        backed.file.close()
+        handle = h5py.File(path, "r")
+    except Exception as exc:  # h5py and anndata raise many types for a broken file
+        raise InputError(path, f"cannot read h5ad: {type(exc).__name__}: {exc}") from None
+    try:
+        if layer and layer not in layers:
+            raise InputError(
+                path, f"layer {layer!r} not found (layers: {', '.join(layers) or 'none'})"
+            )
+        element = handle["layers"][layer] if layer else handle.get("X")
+        if element is None or 0 in (len(obs_names), len(var_names)):
+            raise InputError(path, "matrix has no genes or no samples")
+        stored = sparse_dataset(element) if isinstance(element, h5py.Group) else element
+        if tuple(stored.shape) != (len(obs_names), len(var_names)):
+            raise InputError(path, "matrix shape does not match its sample and gene ids")
+        # Rows of a column-compressed matrix are spread over all of it: it is read once.
+        whole = getattr(stored, "format", "") == "csc"
+        need = estimate_matrix_memory(path, "h5ad")
+        if need is not None:
+            # What is held: a share of the arrays (the rows kept) and a dense chunk.
+            held_share = (held_rows or len(obs_names)) / len(obs_names)
+            share = 1.0 if whole else min(1.0, held_share)
+            chunk = rows_per_chunk(len(var_names)) * len(var_names) * BYTES_PER_VALUE
+            held = int(need[0] * share) + min(chunk, len(obs_names) * len(var_names) * 4)
+            check_memory(path, (held, f"{need[1]} ({share:.0%} of its rows at once)"))
+        if whole:
+            stored = stored.to_memory().tocsr()
+    except InputError:
+        handle.close()
+        raise
+    except Exception as exc:  # an unexpected layout: say so in one line
+        handle.close()
+        raise InputError(path, f"cannot read h5ad: {type(exc).__name__}: {exc}") from None
+    obs_names = pd.Index(obs_names.astype(str), name="sample_id")
+    var_names = pd.Index(var_names.astype(str), name="gene_id")
+    try:
+        _check_unique(path, var_names, "gene")
+        _check_gene_keys(path, var_names)
+        _check_unique(path, obs_names, "sample")
+    except InputError:
+        handle.close()
+        raise
+    return RowSource(path, obs_names, var_names, lambda a, b: stored[a:b], handle.close)
+
+
+def check_chunk(path: PathLike, block: np.ndarray | sparse.csr_matrix, first_row: int) -> None:
+    """Refuse non-finite values in rows starting at ``first_row`` (0-based) of ``path``."""
+    if sparse.issparse(block):
+        bad = ~np.isfinite(block.data)
+        if bad.any():
+            row = int(np.searchsorted(block.indptr, np.flatnonzero(bad)[0], side="right")) - 1
+            raise InputError(
+                path, f"non-finite value (NaN or infinite) at row {first_row + row + 1}"
+            )
+        return
+    if block.size and not np.isfinite(block).all():
+        bad = np.argwhere(~np.isfinite(block))[0]
+        raise InputError(
+            path, f"non-finite value (NaN or infinite) at row {first_row + bad[0] + 1}"
+        )
+
+
 def read_sample_sheet(path: PathLike, sample_column: str | None = None) -> pd.DataFrame:
     """Read a sample sheet (CSV/TSV) indexed by sample id, all columns as strings.
 
@@ -493,17 +658,124 @@ def _read_gtf(path: Path, gene_id: str) -> pd.DataFrame:
 # -- writers ------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def matrix_parquet_writer(
+    path: PathLike, gene_ids: pd.Index
+) -> Iterator[Callable[[np.ndarray, pd.Index], None]]:
+    """Atomically write a samples x genes float32 parquet one block of rows at a time.
+
+    Yields ``write(matrix, sample_ids)``; each call adds one row group. The file is what
+    :func:`write_matrix_parquet` writes (index column ``sample_id``, pandas metadata) and
+    appears under ``path`` only when the block ends without an error.
+    """
+    columns = pd.Index(pd.Index(gene_ids).astype(str))
+    writer: pq.ParquetWriter | None = None
+
+    def table(matrix: np.ndarray, sample_ids: pd.Index) -> pa.Table:
+        frame = pd.DataFrame(
+            np.asarray(matrix, dtype=np.float32).reshape(len(sample_ids), len(columns)),
+            index=pd.Index(pd.Index(sample_ids).astype(str), name="sample_id"),
+            columns=columns,
+        )
+        return pa.Table.from_pandas(frame, preserve_index=True)
+
+    with atomic_path(path) as tmp:
+
+        def write(matrix: np.ndarray, sample_ids: pd.Index) -> None:
+            nonlocal writer
+            block = table(matrix, sample_ids)
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, block.schema, compression="zstd")
+            writer.write_table(block)
+
+        try:
+            yield write
+            if writer is None:  # no rows: still a valid, empty matrix file
+                write(np.empty((0, len(columns)), dtype=np.float32), pd.Index([]))
+        finally:
+            if writer is not None:
+                writer.close()
+
+
 def write_matrix_parquet(
     path: PathLike, matrix: np.ndarray, sample_ids: pd.Index, gene_ids: pd.Index
 ) -> None:
-    """Atomically write a samples x genes float32 matrix as parquet (index ``sample_id``)."""
-    frame = pd.DataFrame(
-        np.asarray(matrix, dtype=np.float32),
-        index=pd.Index(sample_ids.astype(str), name="sample_id"),
-        columns=pd.Index(gene_ids.astype(str)),
-    )
-    with atomic_path(path) as tmp:
-        frame.to_parquet(tmp, engine="pyarrow", compression="zstd")
+    """Atomically write a samples x genes float32 matrix as parquet (index ``sample_id``).
+
+    Row groups of :func:`rows_per_chunk` rows, so that readers can stream it.
+    """
+    rows = rows_per_chunk(len(gene_ids))
+    with matrix_parquet_writer(path, gene_ids) as write:
+        for start in range(0, len(sample_ids), rows):
+            write(matrix[start : start + rows], sample_ids[start : start + rows])
+
+
+def iter_matrix_parquet(
+    path: PathLike, what: str = "matrix", columns: list[str] | None = None, rows: int | None = None
+) -> Iterator[pd.DataFrame]:
+    """Read a matrix written by :func:`write_matrix_parquet` in blocks of rows.
+
+    Yields frames like :func:`read_matrix_parquet` returns (sample ids as index, float32),
+    of about ``rows`` rows (default :func:`rows_per_chunk`), holding only ``columns``
+    (default all) in the order given. Sample ids are checked for duplicates across blocks.
+    """
+    handle, genes = open_matrix_parquet(path, what)
+    if columns is not None:
+        missing = [c for c in columns if c not in set(genes)]
+        if missing:
+            raise InputError(path, f"{what} lacks gene column(s): {', '.join(missing[:5])}")
+    wanted = genes if columns is None else columns
+    seen: set[str] = set()
+    step = rows or rows_per_chunk(len(wanted))
+    try:
+        # Row group by row group: ParquetFile.iter_batches keeps part of every batch it
+        # read allocated (about a quarter of its size here), so its memory grows with the
+        # file; read_row_group frees each group once it is dropped.
+        batches = (
+            group.slice(offset, step)
+            for i in range(handle.metadata.num_row_groups)
+            for group in [handle.read_row_group(i, columns=[*wanted, "sample_id"])]
+            for offset in range(0, group.num_rows, step)
+        )
+        for batch in batches:
+            ids = pd.Index(batch.column("sample_id").to_pandas().astype(str), name="sample_id")
+            if ids.has_duplicates or not seen.isdisjoint(ids):
+                _check_unique(path, ids, "sample")
+                raise InputError(
+                    path, f"duplicate sample ids: {next(i for i in ids if i in seen)!r}"
+                )
+            seen.update(ids)
+            values = (
+                np.column_stack([batch.column(c).to_numpy(zero_copy_only=False) for c in wanted])
+                if wanted
+                else np.empty((len(ids), 0))
+            )
+            yield pd.DataFrame(values.astype(np.float32, copy=False), index=ids, columns=wanted)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(path, f"cannot read {what}: {' '.join(str(exc).split())}") from None
+    except (TypeError, ValueError) as exc:
+        raise InputError(path, f"{what} has non-numeric values: {exc}") from None
+    finally:
+        handle.close()
+
+
+def open_matrix_parquet(path: PathLike, what: str = "matrix") -> tuple[pq.ParquetFile, list[str]]:
+    """The open parquet file of a matrix and its gene columns, without reading values."""
+    if not Path(path).is_file():
+        raise InputError(path, "file not found")
+    try:
+        handle = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InputError(path, f"cannot read {what}: {' '.join(str(exc).split())}") from None
+    names = handle.schema_arrow.names
+    if "sample_id" not in names:
+        handle.close()
+        raise InputError(path, f"{what} has no sample_id column")
+    genes = [str(n) for n in names if n != "sample_id"]
+    if handle.metadata.num_rows == 0 or not genes:
+        handle.close()
+        raise InputError(path, f"{what} is empty ({handle.metadata.num_rows} x {len(genes)})")
+    return handle, genes
 
 
 def read_matrix_parquet(path: PathLike, what: str = "matrix") -> pd.DataFrame:

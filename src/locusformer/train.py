@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import math
 import os
 import pickle
 import random
+import re
+import shutil
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -92,6 +96,10 @@ class TrainConfig:
     # DistributedDataParallel; launched by torchrun (the train rule does). batch_size stays
     # the global batch: each step splits it across the processes.
     devices: int = 1
+    # Where run_train keeps the matrix: "never" in memory (standardized once), "always" in
+    # a float32 .npy memory map read per minibatch, "auto" on disk when it would not fit
+    # comfortably in memory. The same numbers either way.
+    data_on_disk: str = "auto"
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> TrainConfig:
@@ -116,6 +124,7 @@ class TrainConfig:
             "val_fraction": 0 <= self.val_fraction < 1,
             "patience": self.patience >= 1,
             "devices": self.devices >= 1,
+            "data_on_disk": self.data_on_disk in ("auto", "always", "never"),
         }
         for name, ok in checks.items():
             if not ok:
@@ -176,7 +185,10 @@ def seed_everything(seed: int) -> None:
 
 
 def as_matrix(X: Any, source: str = "expression matrix") -> np.ndarray:
-    """A DataFrame or array -> C-contiguous float32 (n, L)."""
+    """A DataFrame or array -> C-contiguous float32 (n, L); a float32 memmap as it is."""
+    if isinstance(X, np.memmap) and X.dtype == np.float32 and X.flags.c_contiguous:
+        if X.ndim == 2:
+            return X  # a matrix on disk stays there (see _Rows)
     arr = X.to_numpy() if isinstance(X, pd.DataFrame) else np.asarray(X)
     if arr.ndim != 2:
         raise InputError(source, f"expected a 2-d samples x loci matrix, got shape {arr.shape}")
@@ -258,9 +270,11 @@ def fingerprint(
 ) -> str:
     """Hash of everything that determines a training run (not the device)."""
     h = hashlib.blake2b(digest_size=16)
-    # The number of processes does not change what is trained (a checkpoint resumes with
-    # another count), and leaving it out keeps fingerprints of earlier runs valid.
-    train = {k: v for k, v in train_config.to_dict().items() if k != "devices"}
+    # The number of processes and where the matrix is kept do not change what is trained
+    # (a checkpoint resumes with another count), and leaving them out keeps fingerprints
+    # of earlier runs valid.
+    unused = ("devices", "data_on_disk")
+    train = {k: v for k, v in train_config.to_dict().items() if k not in unused}
     meta = {
         "model": model_config.to_dict(),
         "train": train,
@@ -305,6 +319,61 @@ def _write_history(path: str | os.PathLike, history: list[dict[str, float]]) -> 
         frame.to_csv(tmp, sep="\t", index=False)
 
 
+def _row_blocks(X: np.ndarray, rows: np.ndarray | None = None) -> Iterator[np.ndarray]:
+    """``X[rows]`` (all rows by default) in blocks of about 64 MiB, in row order."""
+    from locusformer.io import rows_per_chunk  # anndata is slow to import
+
+    step = rows_per_chunk(X.shape[1])
+    n = len(X) if rows is None else len(rows)
+    for start in range(0, n, step):
+        yield X[start : start + step] if rows is None else X[rows[start : start + step]]
+
+
+def column_stats(X: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-column mean and standard deviation (ddof 0) of ``X[rows]``, in float64.
+
+    One pass in blocks of rows, merging each block's mean and sum of squared deviations
+    (Chan et al.), so a matrix on disk is read once and never copied whole.
+    """
+    count, mean = 0, np.zeros(X.shape[1], dtype=np.float64)
+    m2 = np.zeros(X.shape[1], dtype=np.float64)
+    for block in _row_blocks(X, np.asarray(rows)):
+        k = len(block)
+        block_mean = block.mean(axis=0, dtype=np.float64)
+        block_m2 = ((block - block_mean) ** 2).sum(axis=0, dtype=np.float64)
+        delta = block_mean - mean
+        total = count + k
+        mean = mean + delta * (k / total)
+        m2 = m2 + block_m2 + delta**2 * (count * k / total)
+        count = total
+    return mean, np.sqrt(m2 / max(count, 1))
+
+
+class _Rows:
+    """Standardized rows of the training matrix, looked up like a tensor's.
+
+    A matrix in memory is standardized once. A matrix on disk (a ``np.memmap``) is read
+    per lookup, its rows in file order for locality, and standardized then: the same
+    float32 operations on the same values, so training gives the same numbers.
+    """
+
+    def __init__(self, X: np.ndarray, mean: torch.Tensor, std: torch.Tensor) -> None:
+        self.shape = X.shape
+        self._mean, self._std = mean, std
+        self._X = X if isinstance(X, np.memmap) else None
+        self._Xs = None if self._X is not None else (torch.from_numpy(X) - mean) / std
+
+    def index_select(self, dim: int, rows: torch.Tensor) -> torch.Tensor:
+        assert dim == 0
+        if self._Xs is not None:
+            return self._Xs.index_select(0, rows)
+        idx = rows.numpy()
+        order = np.argsort(idx, kind="stable")
+        block = np.empty((len(idx), self.shape[1]), dtype=np.float32)
+        block[order] = self._X[idx[order]]
+        return (torch.from_numpy(block) - self._mean) / self._std
+
+
 # --------------------------------------------------------------------------------------
 # Training
 # --------------------------------------------------------------------------------------
@@ -327,7 +396,7 @@ class _Run:
     """The fixed parts of one training run."""
 
     model: LocusFormer
-    Xs: torch.Tensor  # (n, L) standardized expression, on the host
+    Xs: _Rows  # (n, L) standardized expression, on the host or read from disk
     codes: torch.Tensor  # (n,) batch codes
     train_rows: torch.Tensor
     val_rows: np.ndarray
@@ -410,7 +479,7 @@ def train_corrector(
     codes = np.array([batch_names.index(b) for b in labels], dtype=np.int64)
     gene_ids = loci["gene_id"].astype(str).tolist() if "gene_id" in loci.columns else None
     dist, dev = _init_distributed(tc.devices, device)
-    n_bad_inputs = int(np.size(X) - np.isfinite(X).sum())
+    n_bad_inputs = sum(int(block.size - np.isfinite(block).sum()) for block in _row_blocks(X))
     try:
         return _train(
             X, labels, loci, mc, tc, seed, dev, dist, codes, batch_names, gene_ids,
@@ -444,15 +513,12 @@ def _train(
     with deterministic(dev.type == "cpu"):
         seed_everything(seed)
         train_idx, val_idx = stratified_split(codes, tc.val_fraction, seed)
-        mean = X[train_idx].mean(axis=0, dtype=np.float64)
-        std = X[train_idx].std(axis=0, dtype=np.float64)
+        mean, std = column_stats(X, train_idx)
         layout = build_layout(loci, mc.patch_size, mc.position_scale, mc.coordinate_unit)
         model = LocusFormer(mc, layout, batch_names, gene_ids)
         model.set_standardization(mean, std)
         model.to(dev)
-        # Standardize once on the host; batches are then plain row lookups.
-        Xs = torch.from_numpy(X)
-        Xs = (Xs - model.gene_mean.cpu()) / model.gene_std.cpu()
+        Xs = _Rows(X, model.gene_mean.cpu(), model.gene_std.cpu())
         codes_t = torch.from_numpy(codes)
 
         optimizer = configure_optimizer(model, tc)
@@ -568,7 +634,7 @@ def _train_epochs(
 
 
 def _batches(
-    Xs: torch.Tensor, codes: torch.Tensor, rows: torch.Tensor, batch_size: int, dev: torch.device
+    Xs: _Rows, codes: torch.Tensor, rows: torch.Tensor, batch_size: int, dev: torch.device
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield (x, batch) for ``rows`` in chunks, on ``dev``."""
     cuda = dev.type == "cuda"
@@ -634,7 +700,7 @@ def _run_epoch(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
 @torch.inference_mode()
 def _validate(
     model: LocusFormer,
-    Xs: torch.Tensor,
+    Xs: _Rows,
     codes: torch.Tensor,
     val_rows: np.ndarray,
     batch_size: int,
@@ -860,6 +926,23 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
 # Checkpoints
 # --------------------------------------------------------------------------------------
 
+_TORCH_ENFORCE = re.compile(r"\[enforce fail at [^\]]*\]\s*\.?\s*")
+
+
+def save_atomic(payload: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` under :func:`~locusformer.atomic.atomic_path`.
+
+    torch's zip writer reports a full disk as a ``RuntimeError`` ("PytorchStreamWriter
+    failed writing file ...: file write failed"), not an ``OSError``; it becomes the same
+    :class:`~locusformer.atomic.WriteError` naming ``path`` that every other writer raises.
+    """
+    with atomic.atomic_path(path) as tmp:
+        try:
+            torch.save(payload, tmp)
+        except RuntimeError as err:
+            reason = _TORCH_ENFORCE.sub("", " ".join(str(err).split())) or type(err).__name__
+            raise OSError(errno.EIO, reason, str(tmp)) from err
+
 
 def _save_checkpoint(path: str | os.PathLike, run: _Run, state: _State) -> None:
     payload = {
@@ -876,8 +959,7 @@ def _save_checkpoint(path: str | os.PathLike, run: _Run, state: _State) -> None:
         "stopped": state.stopped,
         "history": state.history,
     }
-    with atomic.atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    save_atomic(payload, path)
 
 
 def _resume(
@@ -950,8 +1032,7 @@ def save_model(
         "torch_version": torch.__version__,
         "seed": seed if seed is not None else getattr(model, "train_seed", None),
     }
-    with atomic.atomic_path(weights_path) as tmp:
-        torch.save(payload, tmp)
+    save_atomic(payload, weights_path)
     atomic.write_text(config_path, json.dumps(config, indent=2) + "\n")
 
 
@@ -1091,40 +1172,91 @@ def run_train(
     (``attention``: layers x heads x tokens x tokens) plus token chromosome/position.
     """
     model_config, train_config = split_params(params)
-    ordered = read_ordered(ordered_path)
-    try:
-        loci = pd.read_parquet(loci_path, engine="pyarrow")
-    except FileNotFoundError:
-        raise InputError(loci_path, "file not found") from None
-    except Exception as err:
-        raise InputError(loci_path, f"cannot read parquet ({type(err).__name__}: {err})") from None
-    if "gene_id" not in loci.columns:
-        raise InputError(loci_path, "missing column 'gene_id'")
-    genes = loci["gene_id"].astype(str).tolist()
-    if genes != ordered.columns.tolist():
-        raise InputError(loci_path, f"gene ids do not match the columns of {ordered_path}")
-    batches = read_batches(samples_path, batch_key, ordered.index)[batch_key].tolist()
-    model, history = train_corrector(
-        ordered.to_numpy(dtype=np.float32),
-        batches,
-        loci,
-        model_config,
-        train_config,
-        seed=seed,
-        device=device,
-        checkpoint_path=checkpoint_path,
-        progress=progress,
-    )
-    if train_config.devices > 1 and int(os.environ.get("RANK", "0")) != 0:
-        return model  # one process per device; the first writes the outputs
-    save_model(model, weights_out, config_out, seed=seed, loci=loci)
-    with atomic.atomic_path(history_out) as tmp:
-        history.to_csv(tmp, sep="\t", index=False)
-    if attention_out is not None:
-        from locusformer.correct import write_attention  # correct imports this module
+    train_config.validate()
+    scratch = Path(checkpoint_path if checkpoint_path is not None else weights_out).parent
+    with _ordered_matrix(ordered_path, train_config.data_on_disk, scratch) as ordered:
+        X, sample_ids, columns = ordered
+        try:
+            loci = pd.read_parquet(loci_path, engine="pyarrow")
+        except FileNotFoundError:
+            raise InputError(loci_path, "file not found") from None
+        except Exception as err:
+            raise InputError(
+                loci_path, f"cannot read parquet ({type(err).__name__}: {err})"
+            ) from None
+        if "gene_id" not in loci.columns:
+            raise InputError(loci_path, "missing column 'gene_id'")
+        genes = loci["gene_id"].astype(str).tolist()
+        if genes != columns:
+            raise InputError(loci_path, f"gene ids do not match the columns of {ordered_path}")
+        batches = read_batches(samples_path, batch_key, sample_ids)[batch_key].tolist()
+        model, history = train_corrector(
+            X,
+            batches,
+            loci,
+            model_config,
+            train_config,
+            seed=seed,
+            device=device,
+            checkpoint_path=checkpoint_path,
+            progress=progress,
+        )
+        if train_config.devices > 1 and int(os.environ.get("RANK", "0")) != 0:
+            return model  # one process per device; the first writes the outputs
+        save_model(model, weights_out, config_out, seed=seed, loci=loci)
+        with atomic.atomic_path(history_out) as tmp:
+            history.to_csv(tmp, sep="\t", index=False)
+        if attention_out is not None:
+            from locusformer.correct import write_attention  # correct imports this module
 
-        write_attention(model.cpu(), ordered.to_numpy(dtype=np.float32), batches, attention_out)
+            write_attention(model.cpu(), X, batches, attention_out)
     return model
+
+
+#: Copies of the matrix that training in memory holds at once (the table as read, the
+#: float32 matrix, its standardized copy); "auto" keeps it on disk when they would take
+#: more than half the memory left.
+IN_MEMORY_COPIES = 3
+
+
+@contextlib.contextmanager
+def _ordered_matrix(
+    path: str | os.PathLike, mode: str, scratch: Path
+) -> Iterator[tuple[np.ndarray, pd.Index, list[str]]]:
+    """(matrix, sample ids, gene ids) of ordered.parquet, in memory or as a memmap.
+
+    On disk, the parquet is streamed once, block by block, into a float32 ``.npy`` in a
+    temporary directory in ``scratch`` (beside the checkpoint), removed afterwards.
+    """
+    from locusformer.io import available_memory, iter_matrix_parquet, open_matrix_parquet
+
+    handle, genes = open_matrix_parquet(path, "ordered matrix")
+    n = handle.metadata.num_rows
+    handle.close()
+    need = n * len(genes) * 4 * IN_MEMORY_COPIES
+    room = available_memory()
+    on_disk = mode == "always" or (mode == "auto" and room is not None and need > room / 2)
+    if not on_disk:
+        ordered = read_ordered(path)
+        yield ordered.to_numpy(dtype=np.float32), ordered.index, ordered.columns.tolist()
+        return
+    scratch.mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix=".locusformer-data-", dir=scratch))
+    try:
+        npy = directory / "ordered.npy"
+        ids = []
+        with atomic.atomic_path(npy) as tmp, open(tmp, "wb") as fh:
+            header = {"descr": "<f4", "fortran_order": False, "shape": (n, len(genes))}
+            np.lib.format.write_array_header_2_0(fh, header)
+            # Plain writes, not a writable memmap: a full disk is an OSError, not SIGBUS.
+            for block in iter_matrix_parquet(path, "ordered matrix"):
+                fh.write(np.ascontiguousarray(block.to_numpy(), dtype="<f4").tobytes())
+                ids.append(block.index)
+        X = np.load(npy, mmap_mode="r")
+        yield X, pd.Index(np.concatenate(ids), name="sample_id"), genes
+        del X
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 __all__ = [

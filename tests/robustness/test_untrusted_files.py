@@ -167,6 +167,45 @@ def test_a_full_disk_names_the_output_and_leaves_no_partial_file(tmp_path, monke
     assert not [f for f in files_under(out) if f.endswith(".tmp") or f == "samples.tsv"]
 
 
+@pytest.mark.parametrize(
+    ("target", "error"),
+    [
+        ("ckpt.pt", OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))),
+        ("model.pt", OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))),
+        # What torch's zip writer raises when the disk fills up under it.
+        (
+            "model.pt",
+            RuntimeError(
+                "[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed "
+                "writing file data/3: file write failed"
+            ),
+        ),
+    ],
+)
+def test_a_full_disk_under_torch_save_names_the_output(
+    prepared, tmp_path, monkeypatch, target, error
+):
+    save = torch.save
+
+    def full(payload, path, *args, **kwargs):
+        if Path(path).name.startswith(f".{target}."):
+            Path(path).write_bytes(b"PK\x03\x04 half a zip")  # torch has begun writing
+            raise error
+        save(payload, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full)
+    out = tmp_path / "out"
+    code, lines = _train(prepared, out, out / "ckpt.pt")
+    lines = [line for line in lines if line.strip() and not line.startswith("train:")]  # tqdm
+    assert code == 1 and len(lines) == 1, lines
+    reason = "No space left on device" if isinstance(error, OSError) else "file write failed"
+    assert f"{out / target}: cannot write: " in lines[0] and reason in lines[0], lines[0]
+    assert "enforce fail" not in lines[0]
+    left = files_under(out)
+    assert target not in left and not [f for f in left if f.endswith(".tmp")], left
+    assert "model.json" not in left and "history.tsv" not in left
+
+
 def test_a_write_error_names_the_output_not_the_temporary_file(tmp_path):
     from locusformer.atomic import WriteError, atomic_path
 

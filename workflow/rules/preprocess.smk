@@ -18,10 +18,13 @@ rule normalize:
         target_sum=config["normalize"]["target_sum"],
         min_samples=config["normalize"]["min_samples"],
         n_top_genes=config["normalize"]["n_top_genes"],
+        hvg_max_samples=config["normalize"]["hvg_max_samples"],
+        seed=SEED,
     shell:
         "python -m locusformer normalize --expression {input.expression:q} --samples {input.samples:q}"
         " {params.args} --target-sum {params.target_sum} --min-samples {params.min_samples}"
-        " --n-top-genes {params.n_top_genes} --out-matrix {output.matrix:q}"
+        " --n-top-genes {params.n_top_genes} --hvg-max-samples {params.hvg_max_samples}"
+        " --seed {params.seed} --out-matrix {output.matrix:q}"
         " --out-counts {output.counts:q} --out-samples {output.samples:q}"
         " --out-stats {output.stats:q} 2> {log:q}"
 
