@@ -100,6 +100,9 @@ class TrainConfig:
     # a float32 .npy memory map read per minibatch, "auto" on disk when it would not fit
     # comfortably in memory. The same numbers either way.
     data_on_disk: str = "auto"
+    # torch.compile the encoder (the attention blocks, where the time goes). Worth it on a
+    # GPU for long runs; the first steps pay the compilation (tens of seconds).
+    compile: bool = False
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> TrainConfig:
@@ -273,7 +276,7 @@ def fingerprint(
     # The number of processes and where the matrix is kept do not change what is trained
     # (a checkpoint resumes with another count), and leaving them out keeps fingerprints
     # of earlier runs valid.
-    unused = ("devices", "data_on_disk")
+    unused = ("devices", "data_on_disk", "compile")
     train = {k: v for k, v in train_config.to_dict().items() if k not in unused}
     meta = {
         "model": model_config.to_dict(),
@@ -518,6 +521,10 @@ def _train(
         model = LocusFormer(mc, layout, batch_names, gene_ids)
         model.set_standardization(mean, std)
         model.to(dev)
+        if tc.compile:
+            # In place: parameter names, and so checkpoints and saved models, stay as
+            # without compilation.
+            model.encoder.compile()
         Xs = _Rows(X, model.gene_mean.cpu(), model.gene_std.cpu())
         codes_t = torch.from_numpy(codes)
 
