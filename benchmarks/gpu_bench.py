@@ -215,7 +215,12 @@ def bench_train_corrector(torch, device, args) -> list[dict]:
     labels = [f"batch{b}" for b in sim.batch]
     rows = []
     for batch_size in (64, 256):
-        tc = TrainConfig(max_epochs=args.epochs, batch_size=batch_size, patience=args.epochs)
+        tc = TrainConfig(
+            max_epochs=args.epochs,
+            batch_size=batch_size,
+            patience=args.epochs,
+            compile=args.compile,
+        )
         mc = ModelConfig(d_model=32, n_layers=1) if args.cpu_smoke else ModelConfig()
         reset_peak(torch, device)
         model, history = train_corrector(
@@ -307,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--compile", action="store_true", help="training.compile (torch.compile)")
     parser.add_argument(
         "--cpu-smoke", action="store_true", help="tiny run on the CPU: checks the script only"
     )
