@@ -78,10 +78,14 @@ def collect(out: Path) -> pd.DataFrame:
         frame["seed"] = int(summary.parents[1].name.removeprefix("seed"))
         metrics = []
         for dataset in frame["dataset"].unique():
-            table = pd.read_csv(summary.parent / dataset / "metrics.tsv", sep="\t")
+            path = summary.parent / dataset / "metrics.tsv"
+            if not path.exists():  # per-metric table lost: isolated labels left empty
+                continue
+            table = pd.read_csv(path, sep="\t")
             table["dataset"] = dataset
             metrics.append(table)
-        iso = pd.concat(metrics)
+        empty = pd.DataFrame(columns=["dataset", "method", "metric", "value"])
+        iso = pd.concat(metrics) if metrics else empty
         iso = iso[iso["metric"] == "Isolated labels"].set_index(["dataset", "method"])["value"]
         frame["isolated_labels"] = [
             iso.get((d, m)) for d, m in zip(frame["dataset"], frame["method"], strict=True)
@@ -91,6 +95,8 @@ def collect(out: Path) -> pd.DataFrame:
 
 
 def _fmt(values: pd.Series) -> str:
+    if len(values) == 0:
+        return "not run"
     if values.notna().sum() == 0:
         return "failed"
     if values.notna().sum() == 1:
