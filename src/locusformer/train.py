@@ -189,9 +189,8 @@ def seed_everything(seed: int) -> None:
 
 def as_matrix(X: Any, source: str = "expression matrix") -> np.ndarray:
     """A DataFrame or array -> C-contiguous float32 (n, L); a float32 memmap as it is."""
-    if isinstance(X, np.memmap) and X.dtype == np.float32 and X.flags.c_contiguous:
-        if X.ndim == 2:
-            return X  # a matrix on disk stays there (see _Rows)
+    if isinstance(X, np.memmap) and X.dtype == np.float32 and X.ndim == 2 and X.flags.c_contiguous:
+        return X  # a matrix on disk stays there (see _Rows)
     arr = X.to_numpy() if isinstance(X, pd.DataFrame) else np.asarray(X)
     if arr.ndim != 2:
         raise InputError(source, f"expected a 2-d samples x loci matrix, got shape {arr.shape}")
