@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import torch.nn.functional as F
 
 from locusformer.errors import InputError
 from locusformer.model import (
@@ -18,6 +19,7 @@ from locusformer.model import (
     batch_mmd,
     build_layout,
     chromosome_code,
+    confusion_loss,
     grad_reverse,
     masked_mean,
     sinusoidal_encoding,
@@ -160,6 +162,49 @@ def test_gradient_reversal_flips_and_scales_the_gradient() -> None:
     x = torch.ones(3, requires_grad=True)
     (grad_reverse(x, 0.25) * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
     torch.testing.assert_close(x.grad, torch.tensor([-0.25, -0.5, -0.75]))
+
+
+def _grad_sum(module: torch.nn.Module) -> float:
+    return sum(float(p.grad.abs().sum()) for p in module.parameters() if p.grad is not None)
+
+
+def test_confusion_mode_splits_the_gradients_between_encoder_and_discriminator() -> None:
+    """The discriminator learns from batch_logits only, the encoder from the confusion
+    logits only; "reversal" sends the discriminator's gradient into the encoder."""
+    torch.manual_seed(0)
+    model = LocusFormer(tiny_config(), build_layout(loci_table(), 2), ["a", "b"])
+    x, b = torch.randn(6, 10), torch.tensor([0, 1, 0, 1, 0, 1])
+    prior = torch.tensor([0.5, 0.5])
+
+    def grads(loss: torch.Tensor) -> tuple[float, float]:
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        return _grad_sum(model.encoder), _grad_sum(model.discriminator)
+
+    out = model(x, b, adversary="confusion")
+    encoder, disc = grads(F.cross_entropy(out.batch_logits, b))
+    assert encoder == 0 and disc > 0
+    out = model(x, b, adversary="confusion")
+    encoder, disc = grads(confusion_loss(out.confusion_logits, prior))
+    assert encoder > 0 and disc == 0
+    torch.testing.assert_close(out.confusion_logits, out.batch_logits)  # same network
+    out = model(x, b, adversary_weight=0.5)  # "reversal"
+    assert out.confusion_logits is None
+    encoder, disc = grads(F.cross_entropy(out.batch_logits, b))
+    assert encoder > 0 and disc > 0
+
+
+def test_confusion_loss_is_least_when_the_discriminator_predicts_the_prior() -> None:
+    prior = torch.tensor([0.2, 0.3, 0.5])
+    at_prior = confusion_loss(prior.log().expand(4, 3), prior)
+    entropy = -(prior * prior.log()).sum()
+    torch.testing.assert_close(at_prior, entropy)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        assert confusion_loss(torch.randn(4, 3, generator=g), prior) > entropy
+    # Confident and right about one batch is as bad as confident and wrong.
+    sure = torch.tensor([[9.0, 0.0, 0.0]])
+    assert confusion_loss(sure, prior) > confusion_loss(torch.zeros(1, 3), prior)
 
 
 def test_masked_mean() -> None:

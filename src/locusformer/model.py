@@ -560,6 +560,26 @@ def grad_reverse(x: Tensor, weight: float) -> Tensor:
     return GradientReversal.apply(x, weight)
 
 
+def frozen_call(module: nn.Module, x: Tensor) -> Tensor:
+    """``module(x)`` with the gradient flowing into ``x`` only, not into the parameters."""
+    params = {name: p.detach() for name, p in module.named_parameters()}
+    return torch.func.functional_call(module, params, (x,))
+
+
+def confusion_loss(logits: Tensor, prior: Tensor) -> Tensor:
+    """Cross-entropy of discriminator logits (B, N) against the batch prior (N,).
+
+    The encoder's adversarial objective in "confusion" mode: the latent should leave the
+    discriminator no better than the batch frequencies. Unlike maximizing the
+    discriminator's error (gradient reversal), which drives a cell toward wherever the
+    discriminator is surest of *another* batch, this drives it toward where the
+    discriminator is unsure. That matters when batches hold different cell types: a
+    cell type present in some batches only is a region the discriminator is sure about,
+    and reversal pulls the other batches' cells into it.
+    """
+    return -(prior.to(logits.dtype) * F.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
+
+
 class BatchDiscriminator(nn.Module):
     """MLP latent (B, Z) -> batch logits (B, N)."""
 
@@ -658,7 +678,13 @@ class BatchConditionedDecoder(nn.Module):
 class ModelOutput(NamedTuple):
     latent: Tensor  # (B, Z)
     recon: Tensor  # (B, L) standardized reconstruction given each sample's own batch
-    batch_logits: Tensor  # (B, N) discriminator logits (behind the gradient reversal)
+    # (B, N) discriminator logits, for the discriminator's own loss. "reversal": behind the
+    # gradient reversal (the encoder gets -weight x their gradient); "confusion": on the
+    # detached latent (the discriminator alone learns from them).
+    batch_logits: Tensor
+    # (B, N) "confusion" only: the same discriminator with its parameters frozen, on the
+    # live latent; the encoder's confusion_loss is computed from these. None otherwise.
+    confusion_logits: Tensor | None = None
 
 
 class LocusFormer(nn.Module):
@@ -760,10 +786,24 @@ class LocusFormer(nn.Module):
         code = torch.full((n,), self.batch_names.index(reference), device=device)
         return self.condition(code)
 
-    def forward(self, x: Tensor, batch: Tensor, adversary_weight: float = 0.0) -> ModelOutput:
-        """Standardized x (B, L) and batch codes (B,) -> latent, reconstruction, logits."""
+    def forward(
+        self,
+        x: Tensor,
+        batch: Tensor,
+        adversary_weight: float = 0.0,
+        adversary: str = "reversal",
+    ) -> ModelOutput:
+        """Standardized x (B, L) and batch codes (B,) -> latent, reconstruction, logits.
+
+        ``adversary`` is "reversal" (the discriminator's gradient reaches the encoder
+        reversed and scaled by ``adversary_weight``) or "confusion" (the caller weighs
+        :func:`confusion_loss` of ``confusion_logits``; ``adversary_weight`` is unused).
+        """
         z, _ = self.encode(x)
         recon = self.decode(z, self.condition(batch))
+        if adversary == "confusion":
+            logits = self.discriminator(z.detach())
+            return ModelOutput(z, recon, logits, frozen_call(self.discriminator, z))
         logits = self.discriminator(grad_reverse(z, adversary_weight))
         return ModelOutput(z, recon, logits)
 

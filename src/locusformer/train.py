@@ -40,10 +40,12 @@ from locusformer.errors import InputError
 from locusformer.model import (
     LocusFormer,
     ModelConfig,
+    ModelOutput,
     batch_mean_distance,
     batch_mmd,
     build_layout,
     config_from_dict,
+    confusion_loss,
 )
 
 CHECKPOINT_FORMAT = 1
@@ -53,6 +55,7 @@ HISTORY_COLUMNS = [
     "epoch",
     "train_recon",
     "train_adversary",
+    "train_confusion",
     "train_batch_mean",
     "train_mmd",
     "train_total",
@@ -69,7 +72,15 @@ HISTORY_COLUMNS = [
 class TrainConfig:
     """Optimization and objective settings."""
 
-    adversary_weight: float = 0.1  # strength of the reversed gradient into the encoder
+    # How the batch discriminator acts on the encoder. "confusion": the encoder minimizes
+    # the cross-entropy of the (frozen) discriminator's output against the batch
+    # frequencies, which pushes cells toward regions where the discriminator is unsure;
+    # "reversal": the discriminator's gradient, reversed, which pushes them toward regions
+    # where it is sure of another batch. With batches of different cell-type mixtures,
+    # reversal pulled cells into cell types their batch lacks (CellBench's five sets:
+    # protocol H1975 cells into the plate-only lines; BENCHMARKS.md).
+    adversary: str = "confusion"
+    adversary_weight: float = 0.1  # weight of the adversary's term for the encoder
     # Whitened distance between the batches' latent means (see batch_mean_distance). The
     # adversary alone saturated on simulated data (a perfect discriminator passes back no
     # gradient); this term removes what a linear classifier finds, and then the
@@ -113,6 +124,7 @@ class TrainConfig:
 
     def validate(self, source: str = "train config") -> None:
         checks = {
+            "adversary": self.adversary in ("confusion", "reversal"),
             "adversary_weight": self.adversary_weight >= 0,
             "adversary_rampup_epochs": self.adversary_rampup_epochs >= 0,
             "batch_mean_weight": self.batch_mean_weight >= 0,
@@ -415,6 +427,7 @@ class _Run:
     epochs: int = 1  # to run in all (see epoch_plan)
     rampup_epochs: float = 0.0  # of the batch-removal weights, scaled like epochs
     patience: int = 1  # epochs, scaled like epochs
+    batch_prior: torch.Tensor | None = None  # (N,) batch frequencies of the training rows
 
 
 def train_corrector(
@@ -567,6 +580,7 @@ def _train(
             model, Xs, codes_t, torch.from_numpy(train_idx), val_idx, optimizer, scheduler,
             generator, tc, dev, fp, n_bad_inputs, dist, forward, seed, epochs,
             tc.adversary_rampup_epochs * scale, max(1, round(tc.patience * scale)),
+            batch_prior(codes[train_idx], len(batch_names), dev),
         )  # fmt: skip
         with bar:
             _train_epochs(
@@ -664,43 +678,80 @@ def _run_epoch(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
     per_step, correct, seen = [], 0, 0
     for xb, bb in _batches(run.Xs, run.codes, order, tc.batch_size, dev):
         with autocast(dev):
-            out = model(xb, bb, adversary_weight=weight)
+            out = model(xb, bb, adversary_weight=weight, adversary=tc.adversary)
         recon = F.mse_loss(out.recon.float(), xb)
-        # The discriminator minimizes its cross-entropy at full strength; the gradient
-        # reversal hands the encoder -weight times that gradient.
+        # The discriminator minimizes its cross-entropy at full strength. "reversal" hands
+        # the encoder -weight times that gradient; "confusion" adds weight x the confusion
+        # term, whose gradient reaches the encoder only.
         adversary = F.cross_entropy(out.batch_logits.float(), bb)
+        confusion = _confusion(out, run.batch_prior)
         mean_dist = batch_mean_distance(out.latent, bb, model.n_batches)
         mmd = batch_mmd(out.latent, bb, model.n_batches)
-        total = recon + adversary + ramp * (tc.batch_mean_weight * mean_dist + tc.mmd_weight * mmd)
+        total = (
+            recon
+            + adversary
+            + weight * confusion
+            + ramp * (tc.batch_mean_weight * mean_dist + tc.mmd_weight * mmd)
+        )
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         if tc.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
         optimizer.step()
         run.scheduler.step()
-        per_step.append(torch.stack([recon, adversary, mean_dist, mmd, total]).detach())
+        per_step.append(torch.stack([recon, adversary, confusion, mean_dist, mmd, total]).detach())
         correct += (out.batch_logits.argmax(-1) == bb).sum()
         seen += len(bb)
-    losses = torch.stack(per_step).cpu()  # (steps, 5)
+    losses = torch.stack(per_step).cpu()  # (steps, 6)
+    _check_finite(losses, epoch, run.n_bad_inputs)
+    return {**_loss_means(losses), "train_disc_acc": float(correct) / max(1, seen)}
+
+
+#: Per-step losses, in the order of the history's train_* columns, with the words the
+#: divergence error uses for them.
+_LOSSES = {
+    "recon": "reconstruction",
+    "adversary": "adversary",
+    "confusion": "confusion",
+    "batch_mean": "batch mean",
+    "mmd": "mmd",
+    "total": "total",
+}
+
+
+def _check_finite(losses: torch.Tensor, epoch: int, n_bad_inputs: int) -> None:
+    """Raise TrainingDivergedError at the first step (row of ``losses``) not finite."""
     bad = (~torch.isfinite(losses)).any(dim=1)
-    if bool(bad.any()):
-        step = int(bad.nonzero()[0, 0])
-        r, a, d, m, t = losses[step].tolist()
-        bad_in = run.n_bad_inputs
-        hint = f"; the input has {bad_in} non-finite values" if bad_in else ""
-        raise TrainingDivergedError(
-            f"training diverged at epoch {epoch + 1}, step {step + 1}: total loss {t} "
-            f"(reconstruction {r}, adversary {a}, batch mean {d}, mmd {m}){hint}"
-        )
-    mean = losses.mean(dim=0).tolist()
-    return {
-        "train_recon": mean[0],
-        "train_adversary": mean[1],
-        "train_batch_mean": mean[2],
-        "train_mmd": mean[3],
-        "train_total": mean[4],
-        "train_disc_acc": float(correct) / max(1, seen),
-    }
+    if not bool(bad.any()):
+        return
+    step = int(bad.nonzero()[0, 0])
+    values = dict(zip(_LOSSES.values(), losses[step].tolist(), strict=True))
+    total = values.pop("total")
+    parts = ", ".join(f"{word} {value}" for word, value in values.items())
+    hint = f"; the input has {n_bad_inputs} non-finite values" if n_bad_inputs else ""
+    raise TrainingDivergedError(
+        f"training diverged at epoch {epoch + 1}, step {step + 1}: total loss {total} "
+        f"({parts}){hint}"
+    )
+
+
+def _loss_means(losses: torch.Tensor) -> dict[str, float]:
+    """(steps, 6) per-step losses -> {"train_recon": mean, ...}."""
+    means = losses.mean(dim=0).tolist()
+    return {f"train_{name}": value for name, value in zip(_LOSSES, means, strict=True)}
+
+
+def batch_prior(codes: np.ndarray, n_batches: int, device: torch.device) -> torch.Tensor:
+    """(N,) share of each batch among ``codes``: what a discriminator of no use predicts."""
+    counts = np.bincount(codes, minlength=n_batches).astype(np.float32)
+    return torch.from_numpy(counts / max(1.0, counts.sum())).to(device)
+
+
+def _confusion(out: ModelOutput, prior: torch.Tensor | None) -> torch.Tensor:
+    """The encoder's confusion term, or 0 when the adversary is "reversal"."""
+    if out.confusion_logits is None or prior is None:
+        return torch.zeros((), device=out.latent.device)
+    return confusion_loss(out.confusion_logits, prior)
 
 
 @torch.inference_mode()
@@ -873,14 +924,15 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
             xb, bb = xb.pin_memory(), bb.pin_memory()
         xb, bb = xb.to(dev, non_blocking=cuda), bb.to(dev, non_blocking=cuda)
         with autocast(dev):
-            out = run.forward(xb, bb, adversary_weight=weight)
+            out = run.forward(xb, bb, adversary_weight=weight, adversary=tc.adversary)
         recon = F.mse_loss(out.recon.float(), xb)
         adversary = F.cross_entropy(out.batch_logits.float(), bb)
+        confusion = _confusion(out, run.batch_prior)
         z_all = _gather_rows(out.latent, sizes, dist.rank)
         b_all = run.codes.index_select(0, chunk).to(dev, non_blocking=cuda)
         mean_dist = batch_mean_distance(z_all, b_all, model.n_batches)
         mmd = batch_mmd(z_all, b_all, model.n_batches)
-        total = share * (recon + adversary) + ramp * (
+        total = share * (recon + adversary + weight * confusion) + ramp * (
             tc.batch_mean_weight * mean_dist + tc.mmd_weight * mmd
         )
         optimizer.zero_grad(set_to_none=True)
@@ -891,12 +943,12 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
         run.scheduler.step()
         # This process's parts of the global means; summed over the processes below.
         w = share / dist.world
-        parts = [recon * w, adversary * w, mean_dist / dist.world, mmd / dist.world]
+        parts = [recon * w, adversary * w, confusion * w, mean_dist / dist.world, mmd / dist.world]
         per_step.append(torch.stack(parts).detach().float())
         if sizes[dist.rank]:
             correct = correct + (out.batch_logits.argmax(-1) == bb).sum()
             seen += len(bb)
-    losses = torch.stack(per_step)  # (steps, 4)
+    losses = torch.stack(per_step)  # (steps, 5)
     counts = torch.stack([correct.float(), torch.tensor(float(seen), device=dev)])
     losses, counts = losses.to(dist.comm_device), counts.to(dist.comm_device)
     torch.distributed.all_reduce(losses)
@@ -905,27 +957,13 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
     total = (
         losses[:, 0]
         + losses[:, 1]
-        + ramp * (tc.batch_mean_weight * losses[:, 2] + tc.mmd_weight * losses[:, 3])
+        + weight * losses[:, 2]
+        + ramp * (tc.batch_mean_weight * losses[:, 3] + tc.mmd_weight * losses[:, 4])
     )
-    losses = torch.cat([losses, total[:, None]], dim=1)  # (steps, 5) as on one process
-    bad = (~torch.isfinite(losses)).any(dim=1)
-    if bool(bad.any()):
-        step = int(bad.nonzero()[0, 0])
-        r, a, d, m, t = losses[step].tolist()
-        raise TrainingDivergedError(
-            f"training diverged at epoch {epoch + 1}, step {step + 1}: total loss {t} "
-            f"(reconstruction {r}, adversary {a}, batch mean {d}, mmd {m})"
-        )
-    mean = losses.mean(dim=0).tolist()
+    losses = torch.cat([losses, total[:, None]], dim=1)  # (steps, 6) as on one process
+    _check_finite(losses, epoch, run.n_bad_inputs)
     right, total_seen = counts.tolist()
-    return {
-        "train_recon": mean[0],
-        "train_adversary": mean[1],
-        "train_batch_mean": mean[2],
-        "train_mmd": mean[3],
-        "train_total": mean[4],
-        "train_disc_acc": right / max(1.0, total_seen),
-    }
+    return {**_loss_means(losses), "train_disc_acc": right / max(1.0, total_seen)}
 
 
 # --------------------------------------------------------------------------------------
