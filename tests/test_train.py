@@ -17,6 +17,7 @@ from locusformer.errors import InputError
 from locusformer.simulate import simulate
 from locusformer.train import (
     HISTORY_COLUMNS,
+    TrainConfig,
     TrainingDivergedError,
     _validate,
     load_model,
@@ -87,7 +88,8 @@ def test_history_log_and_checkpoint(data, tmp_path: Path) -> None:
     _, history = run(data, checkpoint_path=tmp_path / "ckpt.pt", log_path=tmp_path / "log.tsv")
     assert history.columns.tolist() == HISTORY_COLUMNS
     assert history["epoch"].tolist() == [1, 2, 3]
-    assert history["adversary_weight"].tolist() == pytest.approx([0.05, 0.1, 0.1])
+    w = TrainConfig().adversary_weight
+    assert history["adversary_weight"].tolist() == pytest.approx([w / 2, w, w])
     logged = pd.read_csv(tmp_path / "log.tsv", sep="\t")
     pd.testing.assert_frame_equal(logged, history, check_dtype=False)
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
@@ -153,6 +155,9 @@ def test_returns_the_best_weights(data) -> None:
     model, history = run(data, train_config=tc)
     best = int(history["val_recon"].idxmin()) + 1
     assert len(history) == best + 3 < 40  # stopped after `patience` epochs without progress
+    # patience 0 (the default): no early stopping, the whole schedule runs.
+    _, full = run(data, train_config={**tc, "max_epochs": best + 6, "patience": 0})
+    assert len(full) == best + 6
     # The model returned is the epoch with the lowest validation reconstruction.
     batch_names = sorted(set(labels))
     codes = np.array([batch_names.index(b) for b in labels])
@@ -250,7 +255,7 @@ def test_bad_inputs_are_input_errors(data) -> None:
 
 
 def test_epoch_plan_keeps_small_data_and_shrinks_large() -> None:
-    from locusformer.train import TrainConfig, epoch_plan
+    from locusformer.train import epoch_plan
 
     tc = TrainConfig(max_epochs=80, max_steps=2000, batch_size=64)
     assert epoch_plan(1_260, tc) == (80, 1.0)  # 20 steps per epoch: 1600 steps

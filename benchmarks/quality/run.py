@@ -40,7 +40,11 @@ VARIANTS: dict[str, dict] = {
     "adversary_0": {"training": {"adversary_weight": 0.0}},
     "batch_mean_0": {"training": {"batch_mean_weight": 0.0}},
     "batch_mean_1": {"training": {"batch_mean_weight": 1.0}},
-    "adversary_0.3": {"training": {"adversary_weight": 0.3}},
+    "adversary_0.1": {"training": {"adversary_weight": 0.1}},
+    "adversary_1": {"training": {"adversary_weight": 1.0}},
+    # The previous defaults: gradient reversal; 80 epochs with early stopping.
+    "reversal": {"training": {"adversary": "reversal"}},
+    "early_stopping": {"training": {"max_epochs": 80, "patience": 10}},
     "residual_on": {"correct": {"add_residual": True}},
 }
 BASELINES = ["combat", "harmony", "scvi"]
