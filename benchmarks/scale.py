@@ -383,7 +383,7 @@ def main() -> None:
     parser.add_argument("--train-max", type=int, default=100000, help="train sizes up to this")
     parser.add_argument("--train-epochs", type=int, default=TRAIN_EPOCHS, help="epochs a run")
     parser.add_argument("--peer-size", type=int, default=100000, help="size the peers run on")
-    parser.add_argument("--chunk-size", type=int, default=512, help="correct --chunk-size")
+    parser.add_argument("--chunk-size", type=int, default=128, help="correct --chunk-size")
     parser.add_argument("--keep", action="store_true", help="keep correct's large outputs")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "scale")
     parser.add_argument("--summary", action="store_true", help="only summarize results.jsonl")
