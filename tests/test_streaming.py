@@ -37,8 +37,9 @@ N_SAMPLES, N_GENES = 90, 40
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Chunks of 7 rows (of 40 genes): every step goes through many chunks."""
+    """Chunks and row groups of 7 rows (of 40 genes): every step goes through many."""
     monkeypatch.setattr(locusformer.io, "CHUNK_VALUES", 7 * N_GENES)
+    monkeypatch.setattr(locusformer.io, "ROW_GROUP_BYTES", 4 * 7 * N_GENES)
 
 
 def _counts(seed: int = 0) -> ad.AnnData:

@@ -137,6 +137,7 @@ def _order_loci(args: argparse.Namespace) -> None:
     with matrix_parquet_writer(args.out_matrix, pd.Index(order)) as write:
         for block in iter_matrix_parquet(args.matrix, columns=order):
             write(block.to_numpy(), block.index)
+            del block  # before the reader's next row group comes
     write_frame_parquet(args.out_loci, loci)
     write_text(args.out_stats, json.dumps(stats, indent=2) + "\n")
     log.info(

@@ -22,7 +22,12 @@ import torch
 
 from locusformer import atomic
 from locusformer.errors import InputError
-from locusformer.io import iter_matrix_parquet, matrix_parquet_writer, open_matrix_parquet
+from locusformer.io import (
+    iter_matrix_parquet,
+    matrix_parquet_writer,
+    open_matrix_parquet,
+    rows_per_chunk,
+)
 from locusformer.model import CHROMOSOMES, LocusFormer
 from locusformer.train import (
     as_matrix,
@@ -346,14 +351,18 @@ def run_correct(
     with contextlib.ExitStack() as outputs:
         writers = None
         done = 0
-        for block in iter_matrix_parquet(ordered_path, "ordered matrix"):
+        # Blocks of 16 MiB of values: each is copied (rows in a row, as h5py writes
+        # them) and corrected whole, so it sets what this loop holds beside the row group
+        # that the reader holds (see iter_matrix_parquet).
+        step = rows_per_chunk(model.n_loci, 1 << 22)
+        for block in iter_matrix_parquet(ordered_path, "ordered matrix", rows=step):
             if writers is None:
                 genes = block.columns if genes is None else genes
                 writers = _open_outputs(
                     outputs, model, samples, genes, corrected_out, latent_out, h5ad_out
                 )
             rows = slice(done, done + len(block))
-            X = block.to_numpy()
+            X = np.ascontiguousarray(block.to_numpy())
             corrected, latent = correct(
                 model,
                 X,
@@ -366,6 +375,9 @@ def run_correct(
             for write in writers:
                 write(rows, block.index, X, corrected, latent)
             done = rows.stop
+            # Nothing of this block outlives it: the reader's next row group then takes
+            # the place of this one instead of coming beside it.
+            del block, X, corrected, latent
 
 
 def _open_outputs(
