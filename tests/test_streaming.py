@@ -221,7 +221,7 @@ def tiny_model():
 
 def test_correct_streams_blocks_into_all_three_outputs(tmp_path, tiny_model, monkeypatch):
     sim, labels, model = tiny_model
-    monkeypatch.setattr(locusformer.io, "CHUNK_VALUES", 9 * 50)  # blocks of 9 rows
+    monkeypatch.setattr(locusformer.correct, "BLOCK_VALUES", 9 * 50)  # blocks of 9 rows
     ids = pd.Index([f"c{i}" for i in range(len(sim.X))], name="sample_id")
     write_matrix_parquet(tmp_path / "ordered.parquet", sim.X, ids, sim.loci["gene_id"])
     pd.DataFrame({"sample_id": ids, "batch": labels, "group": sim.group}).to_csv(

@@ -71,6 +71,9 @@ def _prepare(
     return X, batch_codes(model, batch_labels)
 
 
+#: Values per block of rows that run_correct reads, corrects and writes (16 MiB).
+BLOCK_VALUES = 1 << 22
+
 #: Samples per chunk of the model's forward pass. Small enough that a chunk's activations
 #: (the feed-forward layer's are chunk x tokens x 256 floats) stay in the heap and in cache:
 #: on CPU, 128 ran 1.4x as fast as 512 (BENCHMARKS.md, "Scaling"), and holds less.
@@ -309,9 +312,12 @@ def _matching_ids(ordered_path: str | os.PathLike, model: LocusFormer) -> pd.Ind
                 f"gene columns differ from the {model.n_loci} loci the model was trained on "
                 "(same genes in the same order required)",
             )
-        ids = handle.read(columns=["sample_id"]).column("sample_id").to_pandas()
+        column = handle.read(columns=["sample_id"]).column("sample_id")
     finally:
-        handle.close()
+        handle.close()  # its footer (0.1 GB at 1M samples) goes before the ids come
+    # Without arrow's de-duplication of the strings: ids are unique, and its hash table
+    # stayed as heap that the process kept (0.15 GB at 1M samples, measured).
+    ids = column.to_pandas(deduplicate_objects=False)
     return pd.Index(ids.astype(str), name="sample_id")
 
 
@@ -351,10 +357,9 @@ def run_correct(
     with contextlib.ExitStack() as outputs:
         writers = None
         done = 0
-        # Blocks of 16 MiB of values: each is copied (rows in a row, as h5py writes
-        # them) and corrected whole, so it sets what this loop holds beside the row group
-        # that the reader holds (see iter_matrix_parquet).
-        step = rows_per_chunk(model.n_loci, 1 << 22)
+        # Each block is copied (rows in a row, as h5py writes them) and corrected whole:
+        # its size sets what this loop holds beside the row group the reader holds.
+        step = rows_per_chunk(model.n_loci, BLOCK_VALUES)
         for block in iter_matrix_parquet(ordered_path, "ordered matrix", rows=step):
             if writers is None:
                 genes = block.columns if genes is None else genes

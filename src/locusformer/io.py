@@ -804,7 +804,7 @@ def _matrix_block(
     64-bit hash: two different ids of a million collide with a chance of about 1e-8, and
     would be reported as a duplicate.
     """
-    ids = pd.Index(sample_ids.to_pandas().astype(str), name="sample_id")
+    ids = pd.Index(sample_ids.to_pandas(deduplicate_objects=False).astype(str), name="sample_id")
     hashes = pd.util.hash_array(ids.to_numpy(dtype=object))
     ordered = np.sort(hashes)
     repeated = bool(np.any(ordered[1:] == ordered[:-1]))
