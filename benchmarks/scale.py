@@ -169,15 +169,19 @@ def correct(out: Path, n: int, work: Path, chunk_size: int) -> dict:
     )  # fmt: skip
 
 
-def forward_flops(work: Path, chunk_size: int) -> dict:
-    """Forward FLOPs per sample of ``correct`` and the model's compute-only throughput."""
+def forward_flops(work: Path, chunk_size: int, threads: int) -> dict:
+    """Forward FLOPs per sample of ``correct`` and the model's compute-only throughput.
+
+    The matmul peer is measured in the same process, with the same threads, between the
+    timings of the model, so that both see the same machine (it was shared).
+    """
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     from locusformer.correct import iter_correct
     from locusformer.train import load_model
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(threads)
     model = load_model(work / "model.pt", work / "model.json")
     rng = np.random.default_rng(0)
     X = rng.normal(3, 1, size=(chunk_size, model.n_loci)).astype(np.float32)
@@ -189,11 +193,13 @@ def forward_flops(work: Path, chunk_size: int) -> dict:
     tokens, config = model.n_tokens, model.config
     attention = config.n_layers * 4 * tokens**2 * config.d_model
     per_sample = counter.get_total_flops() / chunk_size + attention
-    Xbig = np.tile(X, (8, 1))
-    times = []
-    for _ in range(4):
+    copies = max(1, 4096 // chunk_size)  # 4096 samples a timing
+    Xbig = np.tile(X, (copies, 1))
+    times, peer = [], []
+    for _ in range(6):
+        peer += [matmul_throughput(threads=threads, repeats=2)["flops_per_s"]]
         start = time.perf_counter()
-        list(iter_correct(model, Xbig, labels * 8, chunk_size=chunk_size, device="cpu"))
+        list(iter_correct(model, Xbig, labels * copies, chunk_size=chunk_size, device="cpu"))
         times.append(time.perf_counter() - start)
     compute = statistics.median(times[1:])
     return {
@@ -201,15 +207,18 @@ def forward_flops(work: Path, chunk_size: int) -> dict:
         "by_op": {str(k): v for k, v in counter.get_flop_counts()["Global"].items()},
         "attention_flops_per_sample": attention,
         "compute_only_flops_per_s": per_sample * len(Xbig) / compute,
+        "compute_only_all": [per_sample * len(Xbig) / t for t in times[1:]],
+        "matmul_flops_per_s": statistics.median(peer[1:]),
+        "matmul_all": peer[1:],
         "chunk_size": chunk_size,
-        "threads": torch.get_num_threads(),
+        "threads": threads,
     }
 
 
-def matmul_throughput(size: int = 2048, repeats: int = 10) -> dict:
+def matmul_throughput(size: int = 2048, repeats: int = 10, threads: int | None = None) -> dict:
     import torch
 
-    threads = os.cpu_count() or 1
+    threads = threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     a = torch.randn(size, size)
     b = torch.randn(size, size)
@@ -272,10 +281,12 @@ def peers(out: Path, n: int, work: Path) -> None:
 
 def measure(args: argparse.Namespace) -> None:
     out = args.out
+    # The steps' subprocesses (torch, OpenMP, BLAS) use the same number of threads.
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
     out.mkdir(parents=True, exist_ok=True)
     if "matmul" in args.steps:
         for _ in range(args.repeats):
-            record(out, step="matmul", **matmul_throughput())
+            record(out, step="matmul", **matmul_throughput(threads=args.threads))
     for n in args.sizes:
         work = out / "runs" / f"n{n}"
         work.mkdir(parents=True, exist_ok=True)
@@ -296,8 +307,9 @@ def measure(args: argparse.Namespace) -> None:
             model_for(out, n, work, args.train_max, args.train_epochs)
             for _ in range(repeats):
                 res = correct(out, n, work, args.chunk_size)
-                record(out, step="correct", n=n, chunk_size=args.chunk_size, **res)
-            flops = forward_flops(work, args.chunk_size)
+                config = {"chunk_size": args.chunk_size, "threads": args.threads}
+                record(out, step="correct", n=n, **config, **res)
+            flops = forward_flops(work, args.chunk_size, args.threads)
             record(out, step="correct-flops", n=n, **flops)
             if not args.keep:
                 for name in ("corrected.parquet", "locusformer.h5ad"):
@@ -346,19 +358,35 @@ def summarize(out: Path) -> str:
     text = "\n".join(lines + growth)
 
     matmul = [r["flops_per_s"] for r in rows if r["step"] == "matmul"]
-    flops = {r["n"]: r for r in rows if r["step"] == "correct-flops"}
+    flops = [r for r in rows if r["step"] == "correct-flops"]
     if matmul:
         peak = statistics.median(matmul)
         text += f"\n\nfp32 matmul (2048 x 2048, torch.mm): {peak / 1e9:.1f} GFLOP/s (median)."
-        for n, f in sorted(flops.items()):
-            runs = [r["seconds"] for r in rows if r["step"] == "correct" and r["n"] == n]
+    for f in sorted(flops, key=lambda f: (f["n"], f["threads"], f["time"])):
+        n, threads, chunk = f["n"], f["threads"], f["chunk_size"]
+        # The peer measured beside the model; rows from before that, the matmul step's.
+        same = [r["flops_per_s"] for r in rows if r["step"] == "matmul" and r["threads"] == threads]
+        peer = f.get("matmul_flops_per_s") or (statistics.median(same) if same else None)
+        if peer is None:
+            continue
+        # Rows from before --threads ran at this machine's 2 threads.
+        runs = [
+            r["seconds"]
+            for r in rows
+            if r["step"] == "correct" and r["n"] == n and r.get("chunk_size") == chunk
+            and r.get("threads", 2) == threads
+        ]  # fmt: skip
+        end_to_end = ""
+        if runs:
             achieved = f["flops_per_sample"] * n / statistics.median(runs)
-            text += (
-                f"\ncorrect, {n:,} samples: {f['flops_per_sample'] / 1e6:.1f} MFLOP/sample, "
-                f"end to end {achieved / 1e9:.1f} GFLOP/s = {achieved / peak:.2f} of matmul; "
-                f"model alone {f['compute_only_flops_per_s'] / 1e9:.1f} GFLOP/s = "
-                f"{f['compute_only_flops_per_s'] / peak:.2f} (chunk {f['chunk_size']})."
-            )
+            end_to_end = f"end to end {achieved / 1e9:.1f} GFLOP/s = {achieved / peer:.2f}; "
+        text += (
+            f"\ncorrect, {n:,} samples, {threads} thread(s), chunk {chunk}: "
+            f"{f['flops_per_sample'] / 1e6:.1f} MFLOP/sample; matmul beside it "
+            f"{peer / 1e9:.1f} GFLOP/s; {end_to_end}model alone "
+            f"{f['compute_only_flops_per_s'] / 1e9:.1f} GFLOP/s = "
+            f"{f['compute_only_flops_per_s'] / peer:.2f} of matmul."
+        )
     for step in ("harmony", "combat", "scvi"):
         for r in (r for r in rows if r["step"] == step):
             extra = ""
@@ -383,7 +411,8 @@ def main() -> None:
     parser.add_argument("--train-max", type=int, default=100000, help="train sizes up to this")
     parser.add_argument("--train-epochs", type=int, default=TRAIN_EPOCHS, help="epochs a run")
     parser.add_argument("--peer-size", type=int, default=100000, help="size the peers run on")
-    parser.add_argument("--chunk-size", type=int, default=512, help="correct --chunk-size")
+    parser.add_argument("--chunk-size", type=int, default=128, help="correct --chunk-size")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads a step")
     parser.add_argument("--keep", action="store_true", help="keep correct's large outputs")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "scale")
     parser.add_argument("--summary", action="store_true", help="only summarize results.jsonl")

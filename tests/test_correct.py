@@ -145,6 +145,19 @@ def test_chunking_does_not_change_the_result(small) -> None:
     assert not model.training
 
 
+def test_worker_threads_give_the_same_chunks_in_order(small) -> None:
+    sim, labels, model = small
+    threads = torch.get_num_threads()
+    alone = list(iter_correct(model, sim.X, labels, chunk_size=3, device="cpu", workers=1))
+    shared = list(iter_correct(model, sim.X, labels, chunk_size=3, device="cpu", workers=3))
+    assert [p[0] for p in shared] == [p[0] for p in alone]
+    for a, b in zip(alone, shared, strict=True):
+        np.testing.assert_allclose(a[1], b[1], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(a[2], b[2], rtol=0, atol=1e-6)
+    assert torch.get_num_threads() == threads, "the thread count is restored"
+    assert not model.training
+
+
 def test_residual_with_the_own_batch_as_reference_returns_the_input(small) -> None:
     sim, labels, model = small
     mask = np.array(labels) == "b1"

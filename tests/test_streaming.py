@@ -37,8 +37,9 @@ N_SAMPLES, N_GENES = 90, 40
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Chunks of 7 rows (of 40 genes): every step goes through many chunks."""
+    """Chunks and row groups of 7 rows (of 40 genes): every step goes through many."""
     monkeypatch.setattr(locusformer.io, "CHUNK_VALUES", 7 * N_GENES)
+    monkeypatch.setattr(locusformer.io, "ROW_GROUP_BYTES", 4 * 7 * N_GENES)
 
 
 def _counts(seed: int = 0) -> ad.AnnData:
@@ -220,7 +221,7 @@ def tiny_model():
 
 def test_correct_streams_blocks_into_all_three_outputs(tmp_path, tiny_model, monkeypatch):
     sim, labels, model = tiny_model
-    monkeypatch.setattr(locusformer.io, "CHUNK_VALUES", 9 * 50)  # blocks of 9 rows
+    monkeypatch.setattr(locusformer.correct, "BLOCK_VALUES", 9 * 50)  # blocks of 9 rows
     ids = pd.Index([f"c{i}" for i in range(len(sim.X))], name="sample_id")
     write_matrix_parquet(tmp_path / "ordered.parquet", sim.X, ids, sim.loci["gene_id"])
     pd.DataFrame({"sample_id": ids, "batch": labels, "group": sim.group}).to_csv(

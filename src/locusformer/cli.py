@@ -137,6 +137,7 @@ def _order_loci(args: argparse.Namespace) -> None:
     with matrix_parquet_writer(args.out_matrix, pd.Index(order)) as write:
         for block in iter_matrix_parquet(args.matrix, columns=order):
             write(block.to_numpy(), block.index)
+            del block  # before the reader's next row group comes
     write_frame_parquet(args.out_loci, loci)
     write_text(args.out_stats, json.dumps(stats, indent=2) + "\n")
     log.info(
@@ -461,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True)
     p.add_argument("--reference", default="mean", help="a batch name, or mean")
     p.add_argument("--add-residual", action="store_true")
-    p.add_argument("--chunk-size", type=int, default=512)
+    p.add_argument("--chunk-size", type=int, default=128)
     p.add_argument("--device", default="auto")
     p.add_argument("--out-corrected", required=True)
     p.add_argument("--out-latent", required=True)

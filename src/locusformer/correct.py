@@ -8,9 +8,11 @@ samples.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,12 @@ import torch
 
 from locusformer import atomic
 from locusformer.errors import InputError
-from locusformer.io import iter_matrix_parquet, matrix_parquet_writer, open_matrix_parquet
+from locusformer.io import (
+    iter_matrix_parquet,
+    matrix_parquet_writer,
+    open_matrix_parquet,
+    rows_per_chunk,
+)
 from locusformer.model import CHROMOSOMES, LocusFormer
 from locusformer.train import (
     as_matrix,
@@ -64,6 +71,15 @@ def _prepare(
     return X, batch_codes(model, batch_labels)
 
 
+#: Values per block of rows that run_correct reads, corrects and writes (16 MiB).
+BLOCK_VALUES = 1 << 22
+
+#: Samples per chunk of the model's forward pass. Small enough that a chunk's activations
+#: (the feed-forward layer's are chunk x tokens x 256 floats) stay in the heap and in cache:
+#: on CPU, 128 ran 1.4x as fast as 512 (BENCHMARKS.md, "Scaling"), and holds less.
+CHUNK_SIZE = 128
+
+
 def iter_correct(
     model: LocusFormer,
     X: np.ndarray | pd.DataFrame,
@@ -71,14 +87,21 @@ def iter_correct(
     *,
     reference: str = "mean",
     add_residual: bool = False,
-    chunk_size: int = 512,
+    chunk_size: int = CHUNK_SIZE,
     device: str | torch.device = "auto",
+    workers: int | None = None,
 ) -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
     """Yield (rows, corrected (k, L) float32, latent (k, Z) float32) chunk by chunk.
 
     ``add_residual`` adds back what the model could not reconstruct of each sample,
     x - decode(z, own batch); it keeps sample-specific detail but also any batch effect
     the decoder did not capture (off by default).
+
+    On CPU, chunks run side by side on ``workers`` threads (default: torch's thread
+    count), each op single-threaded: the model's ops are small (width 64), and splitting
+    each of them over threads spent more time synchronizing than computing (measured
+    0.17 of the matmul peak at 2 threads, against 0.55 with one chunk per thread). The
+    chunks are yielded in order and give the same numbers either way.
     """
     X, codes = _prepare(model, X, batch_labels)
     _check_reference(model, reference)
@@ -87,23 +110,50 @@ def iter_correct(
     dev = resolve_device(device)
     was_training = model.training
     model.eval().to(dev)
-    try:
+
+    def run(rows: slice) -> tuple[slice, np.ndarray, np.ndarray]:
+        # inference_mode and autocast are per thread: entered here, in the worker.
         with torch.inference_mode():
-            for start in range(0, len(X), chunk_size):
-                rows = slice(start, min(start + chunk_size, len(X)))
-                x = torch.from_numpy(X[rows]).to(dev)  # (k, L) raw log-expression
-                b = torch.from_numpy(codes[rows]).to(dev)  # (k,)
-                xs = model.standardize(x)
-                with autocast(dev):
-                    z, _ = model.encode(xs)  # (k, Z)
-                    ref = model.reference_condition(reference, len(x), dev)
-                    out = model.decode(z, ref).float()  # (k, L) standardized
-                    if add_residual:
-                        out = out + (xs - model.decode(z, model.condition(b)).float())
-                corrected = model.unstandardize(out.float())  # un-standardize in fp32
-                yield rows, corrected.cpu().numpy(), z.float().cpu().numpy()
+            x = torch.from_numpy(X[rows]).to(dev)  # (k, L) raw log-expression
+            b = torch.from_numpy(codes[rows]).to(dev)  # (k,)
+            xs = model.standardize(x)
+            with autocast(dev):
+                z, _ = model.encode(xs)  # (k, Z)
+                ref = model.reference_condition(reference, len(x), dev)
+                out = model.decode(z, ref).float()  # (k, L) standardized
+                if add_residual:
+                    out = out + (xs - model.decode(z, model.condition(b)).float())
+            corrected = model.unstandardize(out.float())  # un-standardize in fp32
+            return rows, corrected.cpu().numpy(), z.float().cpu().numpy()
+
+    chunks = [slice(a, min(a + chunk_size, len(X))) for a in range(0, len(X), chunk_size)]
+    n_workers = workers if workers is not None else torch.get_num_threads()
+    n_workers = 1 if dev.type != "cpu" else max(1, min(n_workers, len(chunks)))
+    try:
+        if n_workers == 1:
+            yield from map(run, chunks)
+        else:
+            with _one_thread_per_op(), ThreadPoolExecutor(n_workers) as pool:
+                pending: collections.deque = collections.deque()
+                for rows in chunks:
+                    pending.append(pool.submit(run, rows))
+                    if len(pending) > 2 * n_workers:  # a few chunks ahead, not all of X
+                        yield pending.popleft().result()
+                while pending:
+                    yield pending.popleft().result()
     finally:
         model.train(was_training)
+
+
+@contextlib.contextmanager
+def _one_thread_per_op() -> Iterator[None]:
+    """torch's intra-op threads set to 1 for the block (new threads take that), restored."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def correct(
@@ -113,7 +163,7 @@ def correct(
     *,
     reference: str = "mean",
     add_residual: bool = False,
-    chunk_size: int = 512,
+    chunk_size: int = CHUNK_SIZE,
     device: str | torch.device = "auto",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Batch-corrected log-expression (n, L) and latent (n, Z), both float32.
@@ -262,9 +312,12 @@ def _matching_ids(ordered_path: str | os.PathLike, model: LocusFormer) -> pd.Ind
                 f"gene columns differ from the {model.n_loci} loci the model was trained on "
                 "(same genes in the same order required)",
             )
-        ids = handle.read(columns=["sample_id"]).column("sample_id").to_pandas()
+        column = handle.read(columns=["sample_id"]).column("sample_id")
     finally:
-        handle.close()
+        handle.close()  # its footer (0.1 GB at 1M samples) goes before the ids come
+    # Without arrow's de-duplication of the strings: ids are unique, and its hash table
+    # stayed as heap that the process kept (0.15 GB at 1M samples, measured).
+    ids = column.to_pandas(deduplicate_objects=False)
     return pd.Index(ids.astype(str), name="sample_id")
 
 
@@ -279,7 +332,7 @@ def run_correct(
     h5ad_out: str | os.PathLike | None,
     reference: str = "mean",
     add_residual: bool = False,
-    chunk_size: int = 512,
+    chunk_size: int = CHUNK_SIZE,
     device: str = "auto",
 ) -> None:
     """Correct ``ordered_path`` with a saved model; write parquet outputs and an .h5ad.
@@ -304,14 +357,17 @@ def run_correct(
     with contextlib.ExitStack() as outputs:
         writers = None
         done = 0
-        for block in iter_matrix_parquet(ordered_path, "ordered matrix"):
+        # Each block is copied (rows in a row, as h5py writes them) and corrected whole:
+        # its size sets what this loop holds beside the row group the reader holds.
+        step = rows_per_chunk(model.n_loci, BLOCK_VALUES)
+        for block in iter_matrix_parquet(ordered_path, "ordered matrix", rows=step):
             if writers is None:
                 genes = block.columns if genes is None else genes
                 writers = _open_outputs(
                     outputs, model, samples, genes, corrected_out, latent_out, h5ad_out
                 )
             rows = slice(done, done + len(block))
-            X = block.to_numpy()
+            X = np.ascontiguousarray(block.to_numpy())
             corrected, latent = correct(
                 model,
                 X,
@@ -324,6 +380,9 @@ def run_correct(
             for write in writers:
                 write(rows, block.index, X, corrected, latent)
             done = rows.stop
+            # Nothing of this block outlives it: the reader's next row group then takes
+            # the place of this one instead of coming beside it.
+            del block, X, corrected, latent
 
 
 def _open_outputs(

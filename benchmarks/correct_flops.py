@@ -1,0 +1,86 @@
+"""``correct``'s forward FLOP/s against the machine's fp32 matmul, in one process.
+
+The logic of ``scale.py``'s ``forward_flops``, alone: FLOPs per sample from
+``FlopCounterMode`` (plus the fused attention kernel, which it does not see), then seven
+timings of ``iter_correct`` on 4096 random samples, each after two ``torch.mm`` of
+2048 x 2048 with the same threads; medians of both. The code measured is whatever
+``locusformer`` imports (``PYTHONPATH``), so an older checkout can be measured alike.
+
+Usage: ``PYTHONPATH=src python benchmarks/correct_flops.py WORK --threads 2 --chunk-size 128``
+where WORK holds ``model.pt`` and ``model.json`` (e.g. a ``scale.py`` run directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import locusformer
+from locusformer.correct import iter_correct
+from locusformer.train import load_model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("work", type=Path)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--chunk-size", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    threads, chunk = args.threads, args.chunk_size
+    torch.set_num_threads(threads)
+    model = load_model(args.work / "model.pt", args.work / "model.json")
+    X = np.random.default_rng(0).normal(3, 1, size=(chunk, model.n_loci)).astype(np.float32)
+    labels = [model.batch_names[0]] * chunk
+    with FlopCounterMode(display=False) as counter:
+        list(iter_correct(model, X, labels, chunk_size=chunk, device="cpu"))
+    config = model.config
+    attention = config.n_layers * 4 * model.n_tokens**2 * config.d_model
+    per_sample = counter.get_total_flops() / chunk + attention
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+
+    def matmul() -> float:
+        torch.set_num_threads(threads)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        return 2 * 2048**3 / (time.perf_counter() - start)
+
+    copies = max(1, 4096 // chunk)
+    Xbig, many = np.tile(X, (copies, 1)), labels * copies
+
+    def forward() -> float:
+        torch.set_num_threads(threads)
+        start = time.perf_counter()
+        list(iter_correct(model, Xbig, many, chunk_size=chunk, device="cpu"))
+        return per_sample * len(Xbig) / (time.perf_counter() - start)
+
+    matmul(), forward()  # warm-up
+    peers, model_rates = [], []
+    for _ in range(args.repeats):
+        peers += [matmul(), matmul()]
+        model_rates.append(forward())
+    peer, rate = statistics.median(peers), statistics.median(model_rates)
+    print(
+        json.dumps(
+            {
+                "code": str(Path(locusformer.__file__).parents[2]),
+                "threads": threads,
+                "chunk_size": chunk,
+                "mflop_per_sample": round(per_sample / 1e6, 2),
+                "matmul_gflops": round(peer / 1e9, 1),
+                "correct_gflops": round(rate / 1e9, 1),
+                "ratio": round(rate / peer, 3),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
