@@ -108,6 +108,11 @@ def _fmt(values: pd.Series) -> str:
     return f"{values.mean():.3f} ± {values.std(ddof=1):.3f}"
 
 
+def _peak(values: pd.Series) -> str:
+    """Largest peak memory of the runs; in-process runs (inprocess.py) measure none."""
+    return "not measured" if values.isna().all() else f"{values.max():.0f}"
+
+
 def tables(results: pd.DataFrame) -> str:
     lines = []
     default = results[results["variant"] == "default"]
@@ -121,7 +126,7 @@ def tables(results: pd.DataFrame) -> str:
             m = rows[rows["method"] == method]
             lines.append(
                 f"| {method} | {_fmt(m['batch'])} | {_fmt(m['bio'])} | {_fmt(m['total'])} | "
-                f"{m['wall_s'].median():.1f} | {m['max_rss_mb'].max():.0f} |"
+                f"{m['wall_s'].median():.1f} | {_peak(m['max_rss_mb'])} |"
             )
         lines.append("")
     ablation = results[results["method"] == "locusformer"]
