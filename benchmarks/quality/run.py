@@ -42,7 +42,8 @@ VARIANTS: dict[str, dict] = {
     "batch_mean_1": {"training": {"batch_mean_weight": 1.0}},
     "adversary_0.1": {"training": {"adversary_weight": 0.1}},
     "adversary_1": {"training": {"adversary_weight": 1.0}},
-    # The previous defaults: gradient reversal; 80 epochs with early stopping.
+    # One change each from the current defaults toward the previous ones: gradient
+    # reversal (at the current weight and schedule); 80 epochs with early stopping.
     "reversal": {"training": {"adversary": "reversal"}},
     "early_stopping": {"training": {"max_epochs": 80, "patience": 10}},
     "residual_on": {"correct": {"add_residual": True}},
