@@ -668,6 +668,15 @@ def _read_gtf(path: Path, gene_id: str) -> pd.DataFrame:
 #: their number of columns (it was 5.7% with the 54 MB groups of 64 MiB chunks).
 ROW_GROUP_BYTES = 1 << 27
 
+#: Largest dictionary page of a column chunk before arrow falls back to plain encoding.
+#: Arrow's default (1 MiB) is never reached by a float32 column of a 16k-row group, so every
+#: chunk was dictionary-encoded: dense values (corrected matrices) were hashed one by one
+#: into files larger than the raw floats (178 MiB for a 128 MiB group, written in 3.7 s
+#: against 0.8 s plain). 8 KiB keeps the dictionary for sparse log-expression, whose
+#: columns hold few distinct values, and drops it early for dense ones (measured:
+#: ``benchmarks/parquet_encoding.py``).
+DICTIONARY_PAGE_BYTES = 1 << 13
+
 
 @contextlib.contextmanager
 def matrix_parquet_writer(
@@ -703,7 +712,12 @@ def matrix_parquet_writer(
         )
         table = pa.Table.from_pandas(frame, preserve_index=True)
         if writer is None:
-            writer = pq.ParquetWriter(tmp, table.schema, compression="zstd")
+            writer = pq.ParquetWriter(
+                tmp,
+                table.schema,
+                compression="zstd",
+                dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES,
+            )
         writer.write_table(table, row_group_size=max(1, filled))
         ids.clear()
         filled = 0
