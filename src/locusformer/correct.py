@@ -281,7 +281,7 @@ def run_attention(
     ``loci_path``, when given, is only checked against the model's genes.
     """
     model = load_model(weights_path, config_path).to(resolve_device(device))
-    sample_ids = _matching_ids(ordered_path, model)
+    sample_ids, _ = _matching_ids(ordered_path, model)
     if loci_path is not None:
         loci = pd.read_parquet(loci_path, engine="pyarrow")
         if loci.get("gene_id", pd.Series(dtype=str)).astype(str).tolist() != model.gene_ids:
@@ -299,8 +299,8 @@ def run_attention(
     write_attention(model, X, labels, attention_out, max_samples=len(chosen))
 
 
-def _matching_ids(ordered_path: str | os.PathLike, model: LocusFormer) -> pd.Index:
-    """Sample ids of ordered.parquet, after checking its genes are the model's, in order.
+def _matching_ids(ordered_path: str | os.PathLike, model: LocusFormer) -> tuple[pd.Index, pd.Index]:
+    """Sample ids and gene columns of ordered.parquet, the genes checked to be the model's.
 
     Reads the ids and the schema only, not the values.
     """
@@ -318,7 +318,7 @@ def _matching_ids(ordered_path: str | os.PathLike, model: LocusFormer) -> pd.Ind
     # Without arrow's de-duplication of the strings: ids are unique, and its hash table
     # stayed as heap that the process kept (0.15 GB at 1M samples, measured).
     ids = column.to_pandas(deduplicate_objects=False)
-    return pd.Index(ids.astype(str), name="sample_id")
+    return pd.Index(ids.astype(str), name="sample_id"), pd.Index(genes)
 
 
 def run_correct(
@@ -342,36 +342,35 @@ def run_correct(
     layers["corrected"], obsm["X_locusformer"] = latent, obs = sample table, var = loci.
 
     The input is read in blocks of rows and every output written block by block, so
-    memory holds one block (and per-sample ids and batches), whatever the number of
-    samples.
+    memory holds one block, a batch code per sample and the parquet writers' footers
+    (see :data:`locusformer.io.ROW_GROUP_BYTES`), whatever the number of samples.
     """
     model = load_model(weights_path, config_path)
     _check_reference(model, reference)
     if chunk_size < 1:
         raise InputError("chunk_size", f"must be >= 1, got {chunk_size}")
-    sample_ids = _matching_ids(ordered_path, model)
+    sample_ids, genes = _matching_ids(ordered_path, model)
     samples = read_batches(samples_path, batch_key, sample_ids)
-    labels = samples[batch_key].to_numpy()
-    batch_codes(model, labels)  # an unknown batch is refused before anything is written
-    genes = pd.Index(model.gene_ids) if model.gene_ids is not None else None
+    # Codes, not the names: 8 bytes a sample. An unknown batch is refused here, before
+    # anything is written.
+    codes = batch_codes(model, samples[batch_key])
+    names = np.asarray(model.batch_names, dtype=object)
     with contextlib.ExitStack() as outputs:
-        writers = None
+        writers = _open_outputs(outputs, model, samples, genes, corrected_out, latent_out, h5ad_out)
+        # The sample table and ids went into the .h5ad's obs; blocks bring their own ids.
+        # Dropped, they no longer hold about 0.2 GB a million samples through the loop.
+        del samples, sample_ids
         done = 0
         # Each block is copied (rows in a row, as h5py writes them) and corrected whole:
         # its size sets what this loop holds beside the row group the reader holds.
         step = rows_per_chunk(model.n_loci, BLOCK_VALUES)
         for block in iter_matrix_parquet(ordered_path, "ordered matrix", rows=step):
-            if writers is None:
-                genes = block.columns if genes is None else genes
-                writers = _open_outputs(
-                    outputs, model, samples, genes, corrected_out, latent_out, h5ad_out
-                )
             rows = slice(done, done + len(block))
             X = np.ascontiguousarray(block.to_numpy())
             corrected, latent = correct(
                 model,
                 X,
-                labels[rows],
+                names[codes[rows]],
                 reference=reference,
                 add_residual=add_residual,
                 chunk_size=chunk_size,
@@ -442,6 +441,7 @@ def h5ad_writer(
     n, n_loci = len(obs), len(var)
     with atomic.atomic_path(path) as tmp:
         ad.AnnData(obs=obs, var=var).write_h5ad(Path(tmp))
+        del obs, var  # written; held by this generator's frame until the end otherwise
         with h5py.File(tmp, "r+") as handle:
             datasets = [
                 handle.create_dataset("X", (n, n_loci), dtype="float32"),
