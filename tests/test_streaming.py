@@ -3,6 +3,7 @@ whole gives."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from pathlib import Path
@@ -286,6 +287,55 @@ def test_correct_streams_blocks_into_all_three_outputs(tmp_path, tiny_model, mon
     assert sorted(p.name for p in out.iterdir()) == [
         "corrected.parquet", "latent.parquet", "locusformer.h5ad"
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("where", ["reader", "writer"])
+def test_correct_fails_whole_when_a_late_block_fails(tmp_path, tiny_model, monkeypatch, where):
+    """Reading, the model and writing overlap; an error in either thread still surfaces
+    as itself, and no output appears."""
+    sim, labels, model = tiny_model
+    monkeypatch.setattr(locusformer.correct, "BLOCK_VALUES", 9 * 50)  # blocks of 9 rows
+    ids = [f"c{i}" for i in range(len(sim.X))]
+    ordered = tmp_path / "ordered.parquet"
+    write_matrix_parquet(ordered, sim.X, pd.Index(ids), sim.loci["gene_id"])
+    pd.DataFrame({"sample_id": ids, "batch": labels}).to_csv(
+        tmp_path / "samples.tsv", sep="\t", index=False
+    )
+    save_model(model, tmp_path / "model.pt", tmp_path / "model.json", loci=sim.loci)
+    if where == "reader":
+        real_reader = locusformer.correct.iter_matrix_parquet
+
+        def failing_reader(path, *args, **kwargs):
+            for i, block in enumerate(real_reader(path, *args, **kwargs)):
+                if i == 4:
+                    raise InputError(path, "cannot read ordered matrix: corrupt page")
+                yield block
+
+        monkeypatch.setattr(locusformer.correct, "iter_matrix_parquet", failing_reader)
+    if where == "writer":
+        real = locusformer.correct.h5ad_writer
+
+        @contextlib.contextmanager
+        def failing(*args, **kwargs):
+            with real(*args, **kwargs) as write:
+
+                def write_or_fail(rows, *blocks):
+                    if rows.start == 36:  # one block in the middle
+                        raise OSError("No space left on device")
+                    write(rows, *blocks)
+
+                yield write_or_fail
+
+        monkeypatch.setattr(locusformer.correct, "h5ad_writer", failing)
+    out = tmp_path / "out"
+    expected = (InputError, "corrupt page") if where == "reader" else (OSError, "No space left")
+    with pytest.raises(expected[0], match=expected[1]):
+        run_correct(
+            ordered, tmp_path / "samples.tsv", "batch", tmp_path / "model.pt",
+            tmp_path / "model.json", out / "corrected.parquet", out / "latent.parquet",
+            out / "locusformer.h5ad", chunk_size=4, device="cpu",
+        )  # fmt: skip
+    assert not out.exists() or not any(out.iterdir())
 
 
 def test_correct_refuses_an_unknown_batch_before_writing(tmp_path, tiny_model):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -355,18 +355,24 @@ def run_correct(
     # anything is written.
     codes = batch_codes(model, samples[batch_key])
     names = np.asarray(model.batch_names, dtype=object)
-    with contextlib.ExitStack() as outputs:
+    with contextlib.ExitStack() as outputs, ThreadPoolExecutor(1) as writing:
         writers = _open_outputs(outputs, model, samples, genes, corrected_out, latent_out, h5ad_out)
         # The sample table and ids went into the .h5ad's obs; blocks bring their own ids.
         # Dropped, they no longer hold about 0.2 GB a million samples through the loop.
         del samples, sample_ids
+
+        def write_all(rows: slice, *arrays: Any) -> None:
+            for write in writers:
+                write(rows, *arrays)
+
+        # Reading (one thread), the model (its workers) and writing (one thread) overlap,
+        # one block each: on CPU, decompressing, compressing and copying into the .h5ad
+        # took more than half of correct's time run between the model's blocks.
+        written = None
         done = 0
-        # Each block is copied (rows in a row, as h5py writes them) and corrected whole:
-        # its size sets what this loop holds beside the row group the reader holds.
         step = rows_per_chunk(model.n_loci, BLOCK_VALUES)
-        for block in iter_matrix_parquet(ordered_path, "ordered matrix", rows=step):
-            rows = slice(done, done + len(block))
-            X = np.ascontiguousarray(block.to_numpy())
+        for ids, X in _read_ahead(iter_matrix_parquet(ordered_path, "ordered matrix", rows=step)):
+            rows = slice(done, done + len(X))
             corrected, latent = correct(
                 model,
                 X,
@@ -376,12 +382,38 @@ def run_correct(
                 chunk_size=chunk_size,
                 device=device,
             )
-            for write in writers:
-                write(rows, block.index, X, corrected, latent)
+            if written is not None:
+                written.result()  # the previous block's; raises what the writer raised
+            written = writing.submit(write_all, rows, ids, X, corrected, latent)
             done = rows.stop
-            # Nothing of this block outlives it: the reader's next row group then takes
-            # the place of this one instead of coming beside it.
-            del block, X, corrected, latent
+            del X, corrected, latent  # the writer holds them until written
+        if written is not None:
+            written.result()
+
+
+def _read_ahead(
+    blocks: Generator[pd.DataFrame, None, None],
+) -> Iterator[tuple[pd.Index, np.ndarray]]:
+    """(ids, rows as a C-contiguous float32 copy) of each block, the next read by a thread.
+
+    The copy is made in the thread (rows in a row, as h5py writes them and the model
+    reads them), so that no view of the reader's row group outlives the block: the next
+    group then takes the place of this one instead of coming beside it.
+    """
+
+    def next_copy() -> tuple[pd.Index, np.ndarray] | None:
+        block = next(blocks, None)
+        return None if block is None else (block.index, np.ascontiguousarray(block.to_numpy()))
+
+    with ThreadPoolExecutor(1) as reading:
+        try:
+            pending = reading.submit(next_copy)
+            while (item := pending.result()) is not None:
+                pending = reading.submit(next_copy)
+                yield item
+        finally:
+            reading.shutdown(wait=True)  # no read in flight when the reader is closed
+            blocks.close()
 
 
 def _open_outputs(
