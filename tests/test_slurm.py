@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +29,8 @@ PROFILE = ROOT / "workflow" / "profiles" / "slurm" / "config.yaml"
 # start_slurm.sh's defaults: state and daemon logs in /tmp/ci-slurm, partition "debug".
 STATE_DIR = os.environ.get("SLURM_CI_DIR", "/tmp/ci-slurm")
 PARTITION = os.environ.get("SLURM_PARTITION", "debug")
+# The shipped profile's memory expression ("attempt * 4000").
+PROFILE_MEMORY = str(yaml.safe_load(PROFILE.read_text())["default-resources"]["mem_mb"])
 
 
 def _why_not() -> str | None:
@@ -58,6 +61,7 @@ def slurm_cluster():
         pytest.skip(reason)
     env = {**os.environ, "SLURM_CI_DIR": STATE_DIR, "SLURM_PARTITION": PARTITION}
     env.pop("SLURM_FAKE_GPUS", None)  # the test needs its fake GPU
+    env["SLURM_MEMORY_KILL"] = "1"  # jobs over their memory are killed, as on a real cluster
     was_up = _cluster_up()
     start = subprocess.run(
         ["bash", str(START_SLURM), "start"],
@@ -86,17 +90,19 @@ def _test_profile(directory: Path) -> Path:
             "slurm-keep-successful-logs": True,
         }
     )
-    # Memory stays an expression of the attempt, as in the shipped profile.
+    # Memory stays an expression of the attempt, as in the shipped profile; enough that
+    # no job of the demo is killed for memory (a job's RSS includes the snakemake that
+    # runs its rule inside it).
     profile["default-resources"].update(
-        slurm_partition=PARTITION, mem_mb="attempt * 500", runtime=5
+        slurm_partition=PARTITION, mem_mb="attempt * 1500", runtime=5
     )
-    profile["set-resources"]["correct"] = {"mem_mb": 1000}
+    profile["set-resources"]["correct"] = {"mem_mb": 3000}
     directory.mkdir()
     (directory / "config.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
     return directory
 
 
-def _sacct(job_ids: list[str]) -> pd.DataFrame:
+def _sacct(job_ids: list[str], done: tuple[str, ...] = ("COMPLETED",)) -> pd.DataFrame:
     fields = ["JobID", "JobName", "State", "ExitCode", "ReqTRES", "AllocTRES", "ReqMem"]
     for _ in range(20):  # slurmctld hands records to slurmdbd asynchronously
         out = subprocess.run(
@@ -108,7 +114,7 @@ def _sacct(job_ids: list[str]) -> pd.DataFrame:
         ).stdout
         rows = [line.split("|") for line in out.splitlines() if line.strip()]
         table = pd.DataFrame(rows, columns=fields).set_index("JobID")
-        if set(job_ids) <= set(table.index) and (table["State"] == "COMPLETED").all():
+        if set(job_ids) <= set(table.index) and table["State"].isin(done).all():
             return table
         time.sleep(1)
     return table
@@ -118,7 +124,7 @@ def _sacct(job_ids: list[str]) -> pd.DataFrame:
 def test_demo_runs_as_slurm_jobs_and_train_gets_its_gpu(slurm_cluster, tmp_path):
     config = {
         **TINY_CONFIG,
-        "resources": {"train": {"threads": 1, "cpus_per_gpu": 1, "mem_mb": 1000, "runtime": 5}},
+        "resources": {"train": {"threads": 1, "cpus_per_gpu": 1, "mem_mb": 3000, "runtime": 5}},
     }
     workdir = _workdir(tmp_path / "run", config, [_tiny_demo(tmp_path)])
     profile = _test_profile(tmp_path / "profile")
@@ -140,8 +146,8 @@ def test_demo_runs_as_slurm_jobs_and_train_gets_its_gpu(slurm_cluster, tmp_path)
     assert "gres/gpu=1" in train["ReqTRES"] and "gres/gpu=1" in train["AllocTRES"]
     assert "cpu=1," in train["AllocTRES"]  # --cpus-per-gpu from resources.train.cpus_per_gpu
     # attempt-based memory: first attempt = 1x (profile default / rule's own mem_mb)
-    assert table.loc[submitted["normalize"], "ReqMem"] == "500M"
-    assert train["ReqMem"] == "1000M"
+    assert table.loc[submitted["normalize"], "ReqMem"] == "1500M"
+    assert train["ReqMem"] == "3000M"
 
     corrected = pd.read_parquet(workdir / "results" / "tiny" / "corrected.parquet")
     assert corrected.notna().all().all() and len(corrected) > 50
@@ -149,3 +155,43 @@ def test_demo_runs_as_slurm_jobs_and_train_gets_its_gpu(slurm_cluster, tmp_path)
         workdir / ".snakemake" / "slurm_logs" / "rule_train" / "tiny" / f"{submitted['train']}.log"
     )
     assert "rule train:" in log.read_text()
+
+
+HOLD_MEMORY = "import time\nheld = b'x' * (400 << 20)  # touched, so resident\ntime.sleep(6)\n"
+HUNGRY_SNAKEFILE = """
+rule hungry:
+    output:
+        "done.txt",
+    shell:
+        "{python} hold.py && touch {{output}}"
+"""
+
+
+@pytest.mark.slow
+def test_a_job_killed_for_memory_is_retried_with_more(slurm_cluster, tmp_path):
+    """The shipped profile's retries and attempt-scaled memory, against a cluster that kills
+    a job over its request: a rule holding 400 MB asks for 300 MB (killed), then 600 MB."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / "Snakefile").write_text(HUNGRY_SNAKEFILE.format(python=sys.executable))
+    (workdir / "hold.py").write_text(HOLD_MEMORY)
+    profile = _test_profile(tmp_path / "profile")
+    settings = yaml.safe_load((profile / "config.yaml").read_text())
+    assert settings["retries"] >= 1 and "attempt" in str(PROFILE_MEMORY)
+    settings["default-resources"]["mem_mb"] = PROFILE_MEMORY.replace("4000", "300")
+    (profile / "config.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
+    snakefile = str(workdir / "Snakefile")  # the last --snakefile given is used
+    result = _snakemake(workdir, "--snakefile", snakefile, "--profile", str(profile), timeout=300)
+    said = result.stdout + result.stderr
+    assert result.returncode == 0, said[-5000:]
+
+    submitted = re.findall(r"submitted with SLURM jobid (\d+) \(log: (\S+)\)", said)
+    assert len(submitted) == 2, said[-3000:]
+    (first_job, first_log), (second_job, _) = submitted
+    table = _sacct([first_job, second_job], done=("COMPLETED", "OUT_OF_MEMORY", "FAILED"))
+    first, second = table.loc[first_job], table.loc[second_job]
+    # Polling-based enforcement kills the step; the job then fails with it.
+    assert first["State"] in {"OUT_OF_MEMORY", "FAILED"} and first["ReqMem"] == "300M", first
+    assert "Exceeded job memory limit" in Path(first_log).read_text()
+    assert second["State"] == "COMPLETED" and second["ReqMem"] == "600M", second.to_dict()
+    assert (workdir / "done.txt").exists()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Copied unchanged from the team's shared development tools (tools/start_slurm.sh, with its
-# README's lessons on the Snakemake SLURM plugin) so that tests/test_slurm.py needs nothing
-# outside this repository.
+# Copied from the team's shared development tools (tools/start_slurm.sh, with its README's
+# lessons on the Snakemake SLURM plugin) so that tests/test_slurm.py needs nothing outside
+# this repository. One change: SLURM_MEMORY_KILL (below), so that a test can see a job
+# killed for exceeding its memory and retried with more.
 # start_slurm.sh - install and start a single-node SLURM cluster inside a root
 # container without systemd (Debian 12 packages: slurm 22.05, munge 0.5.15,
 # optionally slurmdbd + MariaDB so that `sacct` works).
@@ -19,6 +20,9 @@
 #   SLURM_PARTITION     partition name (default debug)
 #   SLURM_CLUSTER_NAME  cluster name (default snakeci)
 #   SLURM_ACCOUNT_NAME  accounting account for root (default ci; only with DBD)
+#   SLURM_MEMORY_KILL   1: kill a job step using more memory than it asked for, polled every
+#                       second (JobAcctGatherParams=OverMemoryKill; only with DBD; there is
+#                       no cgroup here); 0 = no enforcement (default)
 set -euo pipefail
 
 ACTION=${1:-start}
@@ -29,6 +33,7 @@ FAKE_GPU_TYPE=${SLURM_FAKE_GPU_TYPE:-}
 PARTITION=${SLURM_PARTITION:-debug}
 CLUSTER=${SLURM_CLUSTER_NAME:-snakeci}
 ACCOUNT=${SLURM_ACCOUNT_NAME:-ci}
+MEMORY_KILL=${SLURM_MEMORY_KILL:-0}
 STATE=$CI_DIR/state
 LOG=$CI_DIR/log
 CONF=/etc/slurm/slurm.conf
@@ -102,8 +107,12 @@ write_configs() {
     acct="AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=6819
-JobAcctGatherType=jobacct_gather/linux
-JobAcctGatherFrequency=30"
+JobAcctGatherType=jobacct_gather/linux"
+    if [ "$MEMORY_KILL" = 1 ]; then
+      acct+=$'\n'"JobAcctGatherFrequency=1"$'\n'"JobAcctGatherParams=OverMemoryKill"
+    else
+      acct+=$'\n'"JobAcctGatherFrequency=30"
+    fi
   else
     acct="AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
