@@ -425,15 +425,14 @@ def _read_ahead(
         block = next(blocks, None)
         return None if block is None else (block.index, np.ascontiguousarray(block.to_numpy()))
 
-    with ThreadPoolExecutor(1) as reading:
-        try:
+    try:
+        with ThreadPoolExecutor(1) as reading:
             pending = reading.submit(next_copy)
             while (item := pending.result()) is not None:
                 pending = reading.submit(next_copy)
                 yield item
-        finally:
-            reading.shutdown(wait=True)  # no read in flight when the reader is closed
-            blocks.close()
+    finally:
+        blocks.close()  # after the pool's exit: no read is in flight
 
 
 def _open_outputs(
