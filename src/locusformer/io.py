@@ -15,6 +15,7 @@ import re
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import anndata as ad
 import numpy as np
@@ -677,6 +678,26 @@ ROW_GROUP_BYTES = 1 << 27
 #: ``benchmarks/parquet_encoding.py``).
 DICTIONARY_PAGE_BYTES = 1 << 13
 
+#: Fraction of exact zeros in a gene's first row group from which its column is
+#: dictionary-encoded (log-expression of counts: few distinct values); below it, the column
+#: is written with BYTE_STREAM_SPLIT, parquet's encoding for floats, which puts the
+#: values' exponent bytes together where zstd finds something to compress. On a dense
+#: 128 MiB row group it wrote in 0.33 s against 0.54 s plain, into 119 MiB against 125,
+#: and read faster; on log-counts at 70% zeros the dictionary stays better (25 MiB
+#: against 51; measured: ``benchmarks/parquet_encoding.py``).
+SPARSE_ZEROS = 0.5
+
+
+def _column_encoding(values: np.ndarray, columns: pd.Index) -> dict[str, Any]:
+    """ParquetWriter options for gene columns whose first row group is ``values`` (genes x rows)."""
+    rows = max(1, values.shape[1])
+    sparse = 1.0 - np.count_nonzero(values, axis=1) / rows >= SPARSE_ZEROS
+    return {
+        "use_dictionary": columns[sparse].tolist(),
+        "dictionary_pagesize_limit": DICTIONARY_PAGE_BYTES,
+        "column_encoding": dict.fromkeys(columns[~sparse], "BYTE_STREAM_SPLIT"),
+    }
+
 
 @contextlib.contextmanager
 def matrix_parquet_writer(
@@ -713,10 +734,7 @@ def matrix_parquet_writer(
         table = pa.Table.from_pandas(frame, preserve_index=True)
         if writer is None:
             writer = pq.ParquetWriter(
-                tmp,
-                table.schema,
-                compression="zstd",
-                dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES,
+                tmp, table.schema, compression="zstd", **_column_encoding(values, columns)
             )
         writer.write_table(table, row_group_size=max(1, filled))
         ids.clear()
