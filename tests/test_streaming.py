@@ -174,6 +174,24 @@ def test_parquet_matrices_are_written_and_read_in_row_groups(tmp_path, small_chu
         next(iter_matrix_parquet(path, columns=["nope"]))
 
 
+def test_narrow_matrices_are_written_in_row_groups_of_bounded_rows(tmp_path, monkeypatch):
+    # A latent of a few columns would fit a million rows in one row group's bytes: held
+    # whole, with their ids, until the end. The row cap writes it as it comes.
+    monkeypatch.setattr(locusformer.io, "ROW_GROUP_ROWS", 100)
+    values = np.arange(250 * 3, dtype=np.float32).reshape(250, 3)
+    path = tmp_path / "latent.parquet"
+    write_matrix_parquet(
+        path, values, pd.Index([f"s{i}" for i in range(250)]), pd.Index(list("abc"))
+    )
+    metadata = pq.ParquetFile(path).metadata
+    assert [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)] == [
+        100,
+        100,
+        50,
+    ]
+    np.testing.assert_array_equal(read_matrix_parquet(path).to_numpy(), values)
+
+
 def test_dense_columns_are_byte_stream_split_sparse_ones_keep_their_dictionary(tmp_path):
     rng = np.random.default_rng(0)
     n = 8192

@@ -669,6 +669,11 @@ def _read_gtf(path: Path, gene_id: str) -> pd.DataFrame:
 #: their number of columns (it was 5.7% with the 54 MB groups of 64 MiB chunks).
 ROW_GROUP_BYTES = 1 << 27
 
+#: Most rows in such a row group. Narrow matrices (correct's 32-column latent) would
+#: otherwise gather a million rows and their ids before writing one group: 128 MiB of
+#: values and as many id strings held at 1M samples, growing with the samples.
+ROW_GROUP_ROWS = 1 << 16
+
 #: Largest dictionary page of a column chunk before arrow falls back to plain encoding.
 #: Arrow's default (1 MiB) is never reached by a float32 column of a 16k-row group, so every
 #: chunk was dictionary-encoded: dense values (corrected matrices) were hashed one by one
@@ -706,15 +711,15 @@ def matrix_parquet_writer(
     """Atomically write a samples x genes float32 parquet one block of rows at a time.
 
     Yields ``write(matrix, sample_ids)``. Rows are gathered, gene by gene, into row groups
-    of about ``row_group_bytes`` of values (default :data:`ROW_GROUP_BYTES`), whatever the
-    size of the blocks written; the gathered values are all that is held (arrow takes
-    each gene's row of them without a copy). The file is what
-    :func:`write_matrix_parquet` writes (index column ``sample_id``, pandas metadata) and
-    appears under ``path`` only when the block ends without an error.
+    of about ``row_group_bytes`` of values (default :data:`ROW_GROUP_BYTES`) and at most
+    :data:`ROW_GROUP_ROWS` rows, whatever the size of the blocks written; the gathered
+    values are all that is held (arrow takes each gene's row of them without a copy). The
+    file is what :func:`write_matrix_parquet` writes (index column ``sample_id``, pandas
+    metadata) and appears under ``path`` only when the block ends without an error.
     """
     columns = pd.Index(pd.Index(gene_ids).astype(str))
     budget = row_group_bytes or ROW_GROUP_BYTES
-    capacity = max(1, budget // (4 * max(1, len(columns))))
+    capacity = max(1, min(ROW_GROUP_ROWS, budget // (4 * max(1, len(columns)))))
     writer: pq.ParquetWriter | None = None
     gathered: np.ndarray | None = None  # (genes, capacity): one row group, gene by gene
     ids: list[np.ndarray] = []
@@ -772,7 +777,8 @@ def write_matrix_parquet(
 ) -> None:
     """Atomically write a samples x genes float32 matrix as parquet (index ``sample_id``).
 
-    Row groups of about :data:`ROW_GROUP_BYTES` of values, so that readers can stream it.
+    Row groups of about :data:`ROW_GROUP_BYTES` of values (at most :data:`ROW_GROUP_ROWS`
+    rows), so that readers can stream it.
     """
     rows = rows_per_chunk(len(gene_ids))
     with matrix_parquet_writer(path, gene_ids) as write:
