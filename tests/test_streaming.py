@@ -4,8 +4,10 @@ whole gives."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import tempfile
+import weakref
 from pathlib import Path
 
 import anndata as ad
@@ -307,6 +309,33 @@ def test_correct_streams_blocks_into_all_three_outputs(tmp_path, tiny_model, mon
     assert sorted(p.name for p in out.iterdir()) == [
         "corrected.parquet", "latent.parquet", "locusformer.h5ad"
     ]  # fmt: skip
+
+
+def test_the_h5ad_writer_lets_the_sample_table_go_once_obs_is_written(tmp_path):
+    # The writer lives through correct's whole loop; a table kept in its frame would hold
+    # every sample's id and labels until the end (0.1 GB at 1M samples).
+    samples = pd.DataFrame(
+        {"batch": ["b1", "b2", "b1"]}, index=pd.Index(["s1", "s2", "s3"], name="sample_id")
+    )
+    table = weakref.ref(samples)
+    genes = pd.Index(["g1", "g2"])
+    with locusformer.correct.h5ad_writer(tmp_path / "x.h5ad", samples, genes, None, 1) as write:
+        del samples
+        gc.collect()
+        assert table() is None
+        values = np.arange(6, dtype=np.float32).reshape(3, 2)
+        write(slice(0, 3), values, values + 1, values[:, :1])
+    h5ad = ad.read_h5ad(tmp_path / "x.h5ad")
+    assert h5ad.obs["batch"].tolist() == ["b1", "b2", "b1"]
+    np.testing.assert_array_equal(h5ad.layers["corrected"], values + 1)
+
+
+def test_the_h5ad_writer_leaves_the_callers_table_as_it_was(tmp_path):
+    samples = pd.DataFrame({"batch": ["b1", "b2"]}, index=pd.Index([1, 2], name="id"))
+    with locusformer.correct.h5ad_writer(tmp_path / "x.h5ad", samples, pd.Index(["g"]), None, 1):
+        pass
+    assert samples["batch"].dtype == object and samples.index.tolist() == [1, 2]
+    assert samples.index.name == "id"
 
 
 @pytest.mark.parametrize("where", ["reader", "writer"])

@@ -479,7 +479,11 @@ def h5ad_writer(
     import anndata as ad  # imported here: slow to import and only needed for this output
     import h5py
 
-    obs = samples.copy()
+    obs = samples.copy(deep=False)  # columns replaced below, not changed in place
+    # This generator's frame lives until the file is closed: holding the caller's table
+    # there kept every sample's id and labels through correct's whole loop (1M samples:
+    # about 0.1 GB).
+    del samples
     obs.index = obs.index.astype(str).rename("sample_id")
     if loci is not None and loci["gene_id"].astype(str).tolist() == genes.tolist():
         var = loci.set_index(loci["gene_id"].astype(str).rename(None)).drop(columns="gene_id")
