@@ -6,7 +6,7 @@ timings of ``iter_correct`` on 4096 random samples, each after two ``torch.mm`` 
 2048 x 2048 with the same threads; medians of both. The code measured is whatever
 ``locusformer`` imports (``PYTHONPATH``), so an older checkout can be measured alike.
 
-Usage: ``PYTHONPATH=src python benchmarks/correct_flops.py WORK --threads 2 --chunk-size 128``
+Usage: ``PYTHONPATH=src python benchmarks/correct_flops.py WORK --threads 2 --chunk-size 64``
 where WORK holds ``model.pt`` and ``model.json`` (e.g. a ``scale.py`` run directory).
 """
 
@@ -31,7 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("work", type=Path)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--chunk-size", type=int, default=128)
+    parser.add_argument("--chunk-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     threads, chunk = args.threads, args.chunk_size

@@ -285,3 +285,20 @@ def test_file_level_input_errors(small, tmp_path: Path) -> None:
         run_train(p["ordered"], tmp_path / "shuffled.parquet", p["samples"], "protocol", {}, *args)
     with pytest.raises(InputError, match="file not found"):
         run_train(tmp_path / "nope.parquet", p["loci"], p["samples"], "protocol", {}, *args)
+
+
+def test_the_chunk_size_default_is_the_same_everywhere():
+    # The CLI states it without importing torch; config and schema state it for the workflow.
+    import yaml
+    from conftest import ROOT
+
+    from locusformer.cli import build_parser
+    from locusformer.correct import CHUNK_SIZE
+
+    required = "--matrix m --samples s --batch-key b --weights w --config c".split()
+    required += "--out-corrected o --out-latent l --out-h5ad h".split()
+    assert build_parser().parse_args(["correct", *required]).chunk_size == CHUNK_SIZE
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    assert schema["properties"]["correct"]["properties"]["chunk_size"]["default"] == CHUNK_SIZE
+    config = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    assert config["correct"]["chunk_size"] == CHUNK_SIZE

@@ -462,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True)
     p.add_argument("--reference", default="mean", help="a batch name, or mean")
     p.add_argument("--add-residual", action="store_true")
-    p.add_argument("--chunk-size", type=int, default=128)
+    p.add_argument("--chunk-size", type=int, default=64)  # correct.CHUNK_SIZE, without torch
     p.add_argument("--device", default="auto")
     p.add_argument("--out-corrected", required=True)
     p.add_argument("--out-latent", required=True)
