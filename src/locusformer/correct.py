@@ -79,7 +79,7 @@ BLOCK_VALUES = 1 << 22
 #: Samples per chunk of the model's forward pass. Small enough that a chunk's activations
 #: (the feed-forward layer's are chunk x tokens x 256 floats) stay in the heap and in cache:
 #: on CPU, 128 ran 1.4x as fast as 512, and 64 (4.9 MB of them) runs the model alone at
-#: 0.53 of the matmul against 0.47-0.49 for 128, and correct at 1M peaked 190 MB lower
+#: 0.53 of the matmul against 0.47-0.49 for 128, and correct at 100k held 70 MB less
 #: (BENCHMARKS.md, "Scaling").
 CHUNK_SIZE = 64
 
