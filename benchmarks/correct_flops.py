@@ -23,7 +23,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import locusformer
-from locusformer.correct import iter_correct
+from locusformer.correct import CHUNK_SIZE, iter_correct
 from locusformer.train import load_model
 
 
@@ -31,7 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("work", type=Path)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--chunk-size", type=int, default=64)
+    parser.add_argument("--chunk-size", type=int, default=CHUNK_SIZE)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     threads, chunk = args.threads, args.chunk_size

@@ -29,21 +29,19 @@ import pyarrow.parquet as pq
 from locusformer.io import DICTIONARY_PAGE_BYTES, ROW_GROUP_BYTES, _column_encoding
 
 N_GENES = 2000
+#: Writer options for each encoding, from the values (rows x genes) and their gene columns.
 OPTIONS = {
-    "arrow default (dictionary up to 1 MiB)": lambda table: {},
-    "no dictionary": lambda table: {"use_dictionary": False},
-    f"dictionary up to {DICTIONARY_PAGE_BYTES // 1024} KiB": lambda table: {
+    "arrow default (dictionary up to 1 MiB)": lambda values, genes: {},
+    "no dictionary": lambda values, genes: {"use_dictionary": False},
+    f"dictionary up to {DICTIONARY_PAGE_BYTES // 1024} KiB": lambda values, genes: {
         "dictionary_pagesize_limit": DICTIONARY_PAGE_BYTES
     },
-    "byte stream split": lambda table: {
+    "byte stream split": lambda values, genes: {
         "use_dictionary": False,
-        "column_encoding": dict.fromkeys(table.column_names[:-1], "BYTE_STREAM_SPLIT"),
+        "column_encoding": dict.fromkeys(genes, "BYTE_STREAM_SPLIT"),
     },
     # What matrix_parquet_writer chooses, gene by gene, from the first row group.
-    "workflow (per gene)": lambda table: _column_encoding(
-        table.drop_columns("sample_id").to_pandas().to_numpy().T,
-        pd.Index(table.column_names[:-1]),
-    ),
+    "workflow (per gene)": lambda values, genes: _column_encoding(values.T, genes),
 }
 
 
@@ -94,7 +92,8 @@ def main() -> None:
         for kind, values in matrices(n_rows).items():
             table = as_table(values)
             times = {name: [] for name in OPTIONS}
-            chosen = {name: options(table) for name, options in OPTIONS.items()}
+            genes = pd.Index(table.column_names[:-1])  # the index column comes last
+            chosen = {name: options(values, genes) for name, options in OPTIONS.items()}
             for _ in range(args.repeats):
                 for name, options in chosen.items():
                     times[name].append(time_once(table, path, options))

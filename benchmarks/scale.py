@@ -403,6 +403,8 @@ def summarize(out: Path) -> str:
 
 
 def main() -> None:
+    from locusformer.correct import CHUNK_SIZE  # the workflow's default
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000, 1000000])
     parser.add_argument("--steps", nargs="+", default=list(STEPS), choices=STEPS)
@@ -411,7 +413,7 @@ def main() -> None:
     parser.add_argument("--train-max", type=int, default=100000, help="train sizes up to this")
     parser.add_argument("--train-epochs", type=int, default=TRAIN_EPOCHS, help="epochs a run")
     parser.add_argument("--peer-size", type=int, default=100000, help="size the peers run on")
-    parser.add_argument("--chunk-size", type=int, default=64, help="correct --chunk-size")
+    parser.add_argument("--chunk-size", type=int, default=CHUNK_SIZE, help="correct --chunk-size")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads a step")
     parser.add_argument("--keep", action="store_true", help="keep correct's large outputs")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "scale")
