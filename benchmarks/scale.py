@@ -178,6 +178,7 @@ def forward_flops(work: Path, chunk_size: int, threads: int) -> dict:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from locusformer import model as model_module
     from locusformer.correct import iter_correct
     from locusformer.train import load_model
 
@@ -186,8 +187,11 @@ def forward_flops(work: Path, chunk_size: int, threads: int) -> dict:
     rng = np.random.default_rng(0)
     X = rng.normal(3, 1, size=(chunk_size, model.n_loci)).astype(np.float32)
     labels = [model.batch_names[0]] * chunk_size
+    # Counted on the plain path: FlopCounterMode does not see oneDNN's linear kernel.
+    onednn, model_module.ONEDNN = model_module.ONEDNN, False
     with FlopCounterMode(display=False) as counter:
         list(iter_correct(model, X, labels, chunk_size=chunk_size, device="cpu"))
+    model_module.ONEDNN = onednn
     # FlopCounterMode does not count the fused attention kernel of the CPU: QK^T and AV,
     # 2 T^2 d_model multiply-adds each per layer, are added by hand.
     tokens, config = model.n_tokens, model.config
@@ -195,9 +199,12 @@ def forward_flops(work: Path, chunk_size: int, threads: int) -> dict:
     per_sample = counter.get_total_flops() / chunk_size + attention
     copies = max(1, 4096 // chunk_size)  # 4096 samples a timing
     Xbig = np.tile(X, (copies, 1))
-    times, peer = [], []
+    times: list[float] = []
+    peer: dict[str, list[float]] = {kernel: [] for kernel in matmul_kernels()}
     for _ in range(6):
-        peer += [matmul_throughput(threads=threads, repeats=2)["flops_per_s"]]
+        for kernel, rates in peer.items():
+            rate = matmul_throughput(threads=threads, repeats=2, kernel=kernel)["flops_per_s"]
+            rates.append(rate)
         start = time.perf_counter()
         list(iter_correct(model, Xbig, labels * copies, chunk_size=chunk_size, device="cpu"))
         times.append(time.perf_counter() - start)
@@ -208,28 +215,53 @@ def forward_flops(work: Path, chunk_size: int, threads: int) -> dict:
         "attention_flops_per_sample": attention,
         "compute_only_flops_per_s": per_sample * len(Xbig) / compute,
         "compute_only_all": [per_sample * len(Xbig) / t for t in times[1:]],
-        "matmul_flops_per_s": statistics.median(peer[1:]),
-        "matmul_all": peer[1:],
+        # The machine's fp32 throughput: the faster kernel's.
+        "matmul_flops_per_s": max(statistics.median(rates[1:]) for rates in peer.values()),
+        "matmul_by_kernel": {k: statistics.median(rates[1:]) for k, rates in peer.items()},
+        "matmul_all": {kernel: rates[1:] for kernel, rates in peer.items()},
+        "onednn_linear": onednn,
         "chunk_size": chunk_size,
         "threads": threads,
     }
 
 
-def matmul_throughput(size: int = 2048, repeats: int = 10, threads: int | None = None) -> dict:
+def matmul_throughput(
+    size: int = 2048, repeats: int = 10, threads: int | None = None, kernel: str = "mkl"
+) -> dict:
+    """fp32 FLOP/s of a square product: ``torch.mm`` ("mkl") or oneDNN's linear ("onednn").
+
+    PyTorch's CPU ``torch.mm`` calls MKL, which on AMD machines runs at about half the
+    rate of oneDNN's kernel (the one ``correct`` uses): the machine's fp32 throughput is
+    the faster of the two.
+    """
     import torch
 
     threads = threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     a = torch.randn(size, size)
     b = torch.randn(size, size)
-    torch.mm(a, b)
+
+    def product() -> None:
+        if kernel == "onednn":
+            torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+        else:
+            torch.mm(a, b)
+
+    product()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        torch.mm(a, b)
+        product()
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
-    return {"flops_per_s": 2 * size**3 / seconds, "size": size, "threads": threads}
+    flops = 2 * size**3 / seconds
+    return {"flops_per_s": flops, "size": size, "threads": threads, "kernel": kernel}
+
+
+def matmul_kernels() -> list[str]:
+    from locusformer.model import ONEDNN
+
+    return ["mkl", "onednn"] if ONEDNN else ["mkl"]
 
 
 SCVI_EPOCHS = """
@@ -286,7 +318,8 @@ def measure(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if "matmul" in args.steps:
         for _ in range(args.repeats):
-            record(out, step="matmul", **matmul_throughput(threads=args.threads))
+            for kernel in matmul_kernels():
+                record(out, step="matmul", **matmul_throughput(threads=args.threads, kernel=kernel))
     for n in args.sizes:
         work = out / "runs" / f"n{n}"
         work.mkdir(parents=True, exist_ok=True)
@@ -357,15 +390,29 @@ def summarize(out: Path) -> str:
             )
     text = "\n".join(lines + growth)
 
-    matmul = [r["flops_per_s"] for r in rows if r["step"] == "matmul"]
     flops = [r for r in rows if r["step"] == "correct-flops"]
-    if matmul:
-        peak = statistics.median(matmul)
-        text += f"\n\nfp32 matmul (2048 x 2048, torch.mm): {peak / 1e9:.1f} GFLOP/s (median)."
+    text += "\n"
+    for kernel in ("mkl", "onednn"):
+        # Rows from before the kernel was recorded are torch.mm's.
+        matmul = [
+            r["flops_per_s"]
+            for r in rows
+            if r["step"] == "matmul" and r.get("kernel", "mkl") == kernel
+        ]
+        if matmul:
+            name = "torch.mm, MKL" if kernel == "mkl" else "oneDNN linear"
+            text += (
+                f"\nfp32 matmul (2048 x 2048, {name}): "
+                f"{statistics.median(matmul) / 1e9:.1f} GFLOP/s (median)."
+            )
     for f in sorted(flops, key=lambda f: (f["n"], f["threads"], f["time"])):
         n, threads, chunk = f["n"], f["threads"], f["chunk_size"]
         # The peer measured beside the model; rows from before that, the matmul step's.
-        same = [r["flops_per_s"] for r in rows if r["step"] == "matmul" and r["threads"] == threads]
+        same = [
+            r["flops_per_s"]
+            for r in rows
+            if r["step"] == "matmul" and r["threads"] == threads and r.get("kernel", "mkl") == "mkl"
+        ]
         peer = f.get("matmul_flops_per_s") or (statistics.median(same) if same else None)
         if peer is None:
             continue
@@ -376,6 +423,13 @@ def summarize(out: Path) -> str:
             if r["step"] == "correct" and r["n"] == n and r.get("chunk_size") == chunk
             and r.get("threads", 2) == threads
         ]  # fmt: skip
+        kernels = ""
+        if f.get("matmul_by_kernel"):
+            kernels = (
+                " ("
+                + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in f["matmul_by_kernel"].items())
+                + ")"
+            )
         end_to_end = ""
         if runs:
             achieved = f["flops_per_sample"] * n / statistics.median(runs)
@@ -383,7 +437,7 @@ def summarize(out: Path) -> str:
         text += (
             f"\ncorrect, {n:,} samples, {threads} thread(s), chunk {chunk}: "
             f"{f['flops_per_sample'] / 1e6:.1f} MFLOP/sample; matmul beside it "
-            f"{peer / 1e9:.1f} GFLOP/s; {end_to_end}model alone "
+            f"{peer / 1e9:.1f} GFLOP/s{kernels}; {end_to_end}model alone "
             f"{f['compute_only_flops_per_s'] / 1e9:.1f} GFLOP/s = "
             f"{f['compute_only_flops_per_s'] / peer:.2f} of matmul."
         )

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from locusformer import model as model_module
 from locusformer.errors import InputError
 from locusformer.model import (
     UNPLACED,
@@ -21,6 +22,7 @@ from locusformer.model import (
     chromosome_code,
     confusion_loss,
     grad_reverse,
+    linear,
     masked_mean,
     sinusoidal_encoding,
 )
@@ -278,3 +280,45 @@ def test_batch_terms_match_plain_loop_versions() -> None:
         for b in present
     )
     torch.testing.assert_close(batch_mean_distance(z, batch, 4), want)
+
+
+onednn_only = pytest.mark.skipif(not model_module.ONEDNN, reason="this torch has no oneDNN")
+
+
+@onednn_only
+@pytest.mark.parametrize("gelu", [False, True])
+def test_the_onednn_linear_equals_the_plain_one(gelu: bool, monkeypatch) -> None:
+    layer = torch.nn.Linear(64, 96)
+    x = torch.randn(3, 7, 64)
+    with torch.inference_mode():
+        fast = linear(x, layer, gelu=gelu)
+        monkeypatch.setattr(model_module, "ONEDNN", False)
+        plain = linear(x, layer, gelu=gelu)
+    expected = F.gelu(layer(x)) if gelu else layer(x)
+    torch.testing.assert_close(plain, expected.detach(), atol=0, rtol=0)
+    torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)
+    assert fast.shape == (3, 7, 96)
+
+
+@onednn_only
+def test_inference_takes_the_onednn_kernel_and_training_the_plain_one() -> None:
+    layer, x = torch.nn.Linear(8, 4), torch.randn(5, 8)
+    with torch.profiler.profile() as prof, torch.inference_mode():
+        linear(x, layer)
+    assert "mkldnn::_linear_pointwise" in {event.name for event in prof.events()}
+    y = linear(x, layer, gelu=True)  # autograd on: PyTorch's own backward must exist
+    y.sum().backward()
+    assert layer.weight.grad is not None and y.grad_fn is not None
+
+
+@onednn_only
+def test_a_model_corrects_alike_with_and_without_onednn(monkeypatch) -> None:
+    sim = simulate(n_samples=16, n_loci=60, seed=2)
+    model = LocusFormer(tiny_config(), build_layout(sim.loci, 4), ["a", "b"]).eval()
+    x, b = torch.from_numpy(sim.X), torch.tensor([0, 1] * 8)
+    with torch.inference_mode():
+        fast = model(model.standardize(x), b)
+        monkeypatch.setattr(model_module, "ONEDNN", False)
+        plain = model(model.standardize(x), b)
+    torch.testing.assert_close(fast.recon, plain.recon, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(fast.latent, plain.latent, atol=1e-5, rtol=1e-4)
