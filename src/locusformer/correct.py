@@ -78,9 +78,8 @@ BLOCK_VALUES = 1 << 22
 
 #: Samples per chunk of the model's forward pass. Small enough that a chunk's activations
 #: (the feed-forward layer's are chunk x tokens x 256 floats) stay in the heap and in cache:
-#: on CPU, 128 ran 1.4x as fast as 512, and 64 (4.9 MB of them) runs the model alone at
-#: 0.53 of the matmul against 0.47-0.49 for 128, and correct at 100k held 70 MB less
-#: (BENCHMARKS.md, "Scaling").
+#: on CPU, 64 (4.9 MB of them) ran the model as fast as 128 and 1.1x as fast as 256, and
+#: correct at 100k held 70 MB less than with 128 (BENCHMARKS.md, "Scaling").
 CHUNK_SIZE = 64
 
 
@@ -104,7 +103,7 @@ def iter_correct(
     On CPU, chunks run side by side on ``workers`` threads (default: torch's thread
     count), each op single-threaded: the model's ops are small (width 64), and splitting
     each of them over threads spent more time synchronizing than computing (measured
-    0.17 of the matmul peak at 2 threads, against 0.55 with one chunk per thread). The
+    0.17 of ``torch.mm``'s rate at 2 threads, against 0.55 with one chunk per thread). The
     chunks are yielded in order and give the same numbers either way.
     """
     X, codes = _prepare(model, X, batch_labels)
