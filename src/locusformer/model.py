@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -210,14 +211,19 @@ def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def _onednn_available() -> bool:
+    # x86-64 only: that is where it was measured. Elsewhere PyTorch's matmul may call a
+    # faster library (Apple's Accelerate, Arm's) than oneDNN's kernels there.
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
     try:
         return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._linear_pointwise)
     except (AttributeError, RuntimeError):
         return False
 
 
-#: Whether fp32 inference on the CPU runs linear layers through oneDNN (see :func:`linear`).
-#: Off, every path is plain ``F.linear``; the benchmarks turn it off to count FLOPs.
+#: Whether fp32 inference on an x86-64 CPU runs linear layers through oneDNN (see
+#: :func:`linear`). Off, every path is plain ``F.linear``; the benchmarks turn it off to
+#: count FLOPs.
 ONEDNN = _onednn_available()
 
 
