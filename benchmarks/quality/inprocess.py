@@ -14,6 +14,9 @@ depend on the seed), and writes ``summary.tsv`` and ``metrics.tsv`` files in the
         --variants shuffled_loci patch_16 ...
     .venv/bin/python benchmarks/quality/run.py --collect-only
 
+``--no-baselines`` scores LocusFormer against the uncorrected data only (a check that a
+change of the code leaves the corrector's scores where they were).
+
 Times are the in-process seconds of each method (LocusFormer: train + correct); peak memory
 is not measured here (the column is left empty).
 """
@@ -47,7 +50,9 @@ def _score(result: ad.AnnData, uncorrected: ad.AnnData, seed: int) -> pd.DataFra
     return score_method(result, uncorrected, BATCH, LABEL, seed=seed)
 
 
-def run_task(task: str, source: Path, variant: str, seed: int, out: Path) -> None:
+def run_task(
+    task: str, source: Path, variant: str, seed: int, out: Path, baselines: bool = True
+) -> None:
     ordered = read_matrix_parquet(source / "ordered.parquet", "ordered matrix")
     loci = pd.read_parquet(source / "loci.parquet")
     if VARIANTS[variant].get("loci", {}).get("order") == "shuffled":
@@ -63,8 +68,8 @@ def run_task(task: str, source: Path, variant: str, seed: int, out: Path) -> Non
     counts = read_matrix_parquet(source / "counts.parquet", "count matrix")
 
     timed: dict[str, tuple[ad.AnnData, float]] = {}
-    baselines = ["uncorrected", *(BASELINES if variant == "default" else [])]
-    for method in baselines:
+    methods = ["uncorrected", *(BASELINES if variant == "default" and baselines else [])]
+    for method in methods:
         start = time.perf_counter()
         result = run_method(method, adata.copy(), BATCH, seed, counts=counts)
         timed[method] = (result, time.perf_counter() - start)
@@ -127,6 +132,9 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=["protocols", "cellbench5"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--variants", nargs="+", default=["default"], choices=list(VARIANTS))
+    parser.add_argument(
+        "--no-baselines", action="store_true", help="LocusFormer and uncorrected only"
+    )
     args = parser.parse_args()
     source = args.source or args.out / "runs" / "default" / "seed0" / "results"
     for variant in args.variants:
@@ -134,7 +142,7 @@ def main() -> None:
             for task in args.tasks:
                 if not (source / task / "ordered.parquet").exists():
                     sys.exit(f"{source / task}/ordered.parquet not found: run run.py first")
-                run_task(task, source / task, variant, seed, args.out)
+                run_task(task, source / task, variant, seed, args.out, not args.no_baselines)
 
 
 if __name__ == "__main__":
