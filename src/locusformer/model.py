@@ -230,13 +230,13 @@ ONEDNN = _onednn_available()
 def linear(x: Tensor, layer: nn.Linear, gelu: bool = False) -> Tensor:
     """``layer(x)``, followed by exact GELU when ``gelu``: (..., in) -> (..., out).
 
-    In fp32 on the CPU with autograd off (``correct``), this calls oneDNN's linear kernel
-    with the GELU fused into it. PyTorch's own fp32 CPU matmul calls MKL, which on the
-    project's AMD (Zen) machines ran at 0.45 of oneDNN's rate on a 2048 x 2048 product;
-    the fused GELU also saves a pass over the feed-forward activations. ``correct``'s
-    model ran 1.3x as fast (BENCHMARKS.md, "Scaling"). The result equals the plain
-    path's to float32 rounding. Training and ``torch.compile`` keep the plain path: PyTorch gives
-    the backward of that one, and inductor fuses it on its own.
+    In fp32 on an x86-64 CPU with autograd off (``correct``), this calls oneDNN's linear
+    kernel with the GELU fused into it. PyTorch's own fp32 CPU matmul calls MKL, which on
+    the project's AMD (Zen) machines ran at 0.45 of oneDNN's rate on a 2048 x 2048
+    product; the fused GELU also saves a pass over the feed-forward activations.
+    ``correct``'s model ran 1.3-1.4x as fast (BENCHMARKS.md, "Scaling"). The result
+    equals the plain path's to float32 rounding. Training and ``torch.compile`` keep the
+    plain path: PyTorch gives the backward of that one, and inductor fuses it on its own.
     """
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad)
     if (
