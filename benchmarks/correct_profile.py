@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from scale import attention_flops_per_sample, flops_by_op
 from torch.profiler import ProfilerActivity, profile
-from torch.utils.flop_counter import FlopCounterMode
 
 from locusformer import model as model_module
 from locusformer.correct import CHUNK_SIZE, iter_correct
@@ -45,15 +45,10 @@ def main() -> None:
     def forwards() -> None:
         list(iter_correct(model, X, labels, chunk_size=args.chunk_size, device="cpu", workers=1))
 
-    onednn, model_module.ONEDNN = model_module.ONEDNN, False
-    with FlopCounterMode(display=False) as counter:
-        forwards()
-    model_module.ONEDNN = onednn and not args.plain
-    linear_flops = sum(
-        v for k, v in counter.get_flop_counts()["Global"].items() if "addmm" in str(k)
-    )
-    config = model.config
-    attention_flops = SAMPLES * config.n_layers * 4 * model.n_tokens**2 * config.d_model
+    by_op = flops_by_op(model, X, labels, args.chunk_size)
+    linear_flops = sum(n for op, n in by_op.items() if "addmm" in op)
+    attention_flops = SAMPLES * attention_flops_per_sample(model)
+    model_module.ONEDNN = model_module.ONEDNN and not args.plain
 
     forwards()  # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -73,7 +68,8 @@ def main() -> None:
     if attention_s:
         print(f"attention kernel: {attention_flops / attention_s / 1e9:.1f} GFLOP/s")
 
-    attention_paths(args.chunk_size, model.config.n_heads, model.n_tokens, config.d_model)
+    config = model.config
+    attention_paths(args.chunk_size, config.n_heads, model.n_tokens, config.d_model)
 
 
 def attention_paths(chunk: int, heads: int, tokens: int, d_model: int) -> None:

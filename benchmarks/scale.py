@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -176,7 +177,6 @@ def forward_flops(work: Path, chunk_size: int, threads: int) -> dict:
     timings of the model, so that both see the same machine (it was shared).
     """
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     from locusformer import model as model_module
     from locusformer.correct import iter_correct
@@ -187,16 +187,9 @@ def forward_flops(work: Path, chunk_size: int, threads: int) -> dict:
     rng = np.random.default_rng(0)
     X = rng.normal(3, 1, size=(chunk_size, model.n_loci)).astype(np.float32)
     labels = [model.batch_names[0]] * chunk_size
-    # Counted on the plain path: FlopCounterMode does not see oneDNN's linear kernel.
-    onednn, model_module.ONEDNN = model_module.ONEDNN, False
-    with FlopCounterMode(display=False) as counter:
-        list(iter_correct(model, X, labels, chunk_size=chunk_size, device="cpu"))
-    model_module.ONEDNN = onednn
-    # FlopCounterMode does not count the fused attention kernel of the CPU: QK^T and AV,
-    # 2 T^2 d_model multiply-adds each per layer, are added by hand.
-    tokens, config = model.n_tokens, model.config
-    attention = config.n_layers * 4 * tokens**2 * config.d_model
-    per_sample = counter.get_total_flops() / chunk_size + attention
+    by_op = flops_by_op(model, X, labels, chunk_size)
+    attention = attention_flops_per_sample(model)
+    per_sample = sum(by_op.values()) / chunk_size + attention
     copies = max(1, 4096 // chunk_size)  # 4096 samples a timing
     Xbig = np.tile(X, (copies, 1))
     times: list[float] = []
@@ -211,7 +204,7 @@ def forward_flops(work: Path, chunk_size: int, threads: int) -> dict:
     compute = statistics.median(times[1:])
     return {
         "flops_per_sample": per_sample,
-        "by_op": {str(k): v for k, v in counter.get_flop_counts()["Global"].items()},
+        "by_op": by_op,
         "attention_flops_per_sample": attention,
         "compute_only_flops_per_s": per_sample * len(Xbig) / compute,
         "compute_only_all": [per_sample * len(Xbig) / t for t in times[1:]],
@@ -219,7 +212,7 @@ def forward_flops(work: Path, chunk_size: int, threads: int) -> dict:
         "matmul_flops_per_s": max(statistics.median(rates[1:]) for rates in peer.values()),
         "matmul_by_kernel": {k: statistics.median(rates[1:]) for k, rates in peer.items()},
         "matmul_all": {kernel: rates[1:] for kernel, rates in peer.items()},
-        "onednn_linear": onednn,
+        "onednn_linear": getattr(model_module, "ONEDNN", False),
         "chunk_size": chunk_size,
         "threads": threads,
     }
@@ -259,9 +252,37 @@ def matmul_throughput(
 
 
 def matmul_kernels() -> list[str]:
-    from locusformer.model import ONEDNN
+    """The fp32 kernels this machine's PyTorch has (the peer does not depend on the code)."""
+    import torch
 
-    return ["mkl", "onednn"] if ONEDNN else ["mkl"]
+    return ["mkl", "onednn"] if torch.backends.mkldnn.is_available() else ["mkl"]
+
+
+def flops_by_op(model: Any, X: np.ndarray, labels: list, chunk_size: int) -> dict[str, int]:
+    """FLOPs of ``iter_correct`` over ``X`` by operator, as ``FlopCounterMode`` counts them.
+
+    Counted on the plain path: the counter does not see oneDNN's linear kernel. It does
+    not see the fused attention kernel either (:func:`attention_flops_per_sample`).
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from locusformer import model as model_module
+    from locusformer.correct import iter_correct
+
+    # getattr: an older checkout, measured alike, has no such switch.
+    onednn, model_module.ONEDNN = getattr(model_module, "ONEDNN", False), False
+    try:
+        with FlopCounterMode(display=False) as counter:
+            list(iter_correct(model, X, labels, chunk_size=chunk_size, device="cpu"))
+    finally:
+        model_module.ONEDNN = onednn
+    return {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+
+
+def attention_flops_per_sample(model: Any) -> int:
+    """QK^T and AV of the fused attention kernel: 2 T^2 d_model multiply-adds each a layer."""
+    config = model.config
+    return config.n_layers * 4 * model.n_tokens**2 * config.d_model
 
 
 SCVI_EPOCHS = """
