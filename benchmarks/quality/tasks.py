@@ -9,7 +9,21 @@ Tasks (each a genes x cells count matrix plus a sample sheet with `batch` and `c
 - ``pseudobulk``: sums over random groups of 10 cells of one line within one set, from all
   five sets (a bulk-sized study of tens of samples).
 
-Singlets that are not flagged as outliers only; ERCC spike-ins dropped.
+Composition imbalance (issue 18):
+
+- ``cellbench5_inner``: the five sets on the genes that every set measured (inner join)
+  instead of their union with the missing genes filled with zeros (11,533 genes, 1,021
+  cells before the three-sample gene filter of ``write_task``);
+- ``cellbench5_skewed``: the five sets with each line subsampled per set as ``SKEW`` plans
+  (four sets lose one line; the others keep uneven fractions);
+- ``pseudobulk_confounded``: sums over random groups of ``CONFOUNDED_GROUP`` cells of one
+  line within one set, ``CONFOUNDED_SAMPLES`` samples per set of which ``CONFOUNDED_SHARE``
+  come from the set's own dominant line (each line dominant in a different set,
+  ``CONFOUNDED``): a confounded bulk study of tens of samples.
+
+Singlets that are not flagged as outliers only; ERCC spike-ins dropped. Every random step
+takes ``seed`` (``write_task`` builds with seed 0: the data of a task do not change with the
+workflow's seeds).
 """
 
 from __future__ import annotations
@@ -26,7 +40,39 @@ SETS = {
     "plate2": "sc_celseq2_5cl_p2",
     "plate3": "sc_celseq2_5cl_p3",
 }
-TASKS = ("protocols", "cellbench5", "control", "pseudobulk")
+TASKS = (
+    "protocols",
+    "cellbench5",
+    "control",
+    "pseudobulk",
+    "cellbench5_inner",
+    "cellbench5_skewed",
+    "pseudobulk_confounded",
+)
+
+# cellbench5_skewed: the fraction of each set's cells of a line that is kept (0 drops the
+# line from that set; a line not named keeps all its cells). Every line stays in at least
+# two sets, so the batches still share biology, but no two sets hold it in the same share.
+SKEW: dict[str, dict[str, float]] = {
+    "CEL-seq2": {"H1975": 1.0, "H2228": 0.25, "HCC827": 0.0},
+    "Drop-seq": {"H1975": 0.25, "H2228": 0.0, "HCC827": 1.0},
+    "plate1": {"A549": 1.0, "H838": 0.0, "H1975": 0.5, "H2228": 1.0, "HCC827": 0.3},
+    "plate2": {"A549": 0.0, "H838": 1.0, "H1975": 1.0, "H2228": 0.3, "HCC827": 0.5},
+    "plate3": {"A549": 0.2, "H838": 0.3, "H1975": 1.0, "H2228": 0.5, "HCC827": 1.0},
+}
+
+# pseudobulk_confounded: set -> (its dominant line, the lines of its minority samples).
+# Each line is dominant in one set and a minority in two others; 8 of every set's 10
+# samples come from its dominant line. Groups of 4 cells, because plate 3 holds only 34
+# singlets of H2228 (8 samples x 4 cells = 32).
+CONFOUNDED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "CEL-seq2": ("H1975", ("H2228", "HCC827")),
+    "Drop-seq": ("HCC827", ("H1975", "H2228")),
+    "plate1": ("A549", ("H838", "H1975")),
+    "plate2": ("H838", ("A549", "HCC827")),
+    "plate3": ("H2228", ("A549", "H838")),
+}
+CONFOUNDED_SAMPLES, CONFOUNDED_SHARE, CONFOUNDED_GROUP = 10, 0.8, 4
 
 
 def load_set(shared: Path, batch: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -47,8 +93,12 @@ def load_set(shared: Path, batch: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     return counts, sheet
 
 
-def combine(parts: list[tuple[pd.DataFrame, pd.DataFrame]]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    counts = pd.concat([c for c, _ in parts], axis=1, join="outer").fillna(0).astype(np.int64)
+def combine(
+    parts: list[tuple[pd.DataFrame, pd.DataFrame]], join: str = "outer"
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Side by side: ``outer`` fills a set's unmeasured genes with 0, ``inner`` keeps the
+    genes every set measured."""
+    counts = pd.concat([c for c, _ in parts], axis=1, join=join).fillna(0).astype(np.int64)
     counts.index.name = "gene_id"
     return counts, pd.concat([s for _, s in parts])
 
@@ -70,6 +120,82 @@ def pseudobulk(
     return bulk, pd.DataFrame(rows).set_index("sample_id")
 
 
+def _round(x: float) -> int:
+    return int(np.floor(x + 0.5))
+
+
+def skew_plan(sheet: pd.DataFrame, plan: dict[str, dict[str, float]]) -> pd.DataFrame:
+    """Cells of each (batch, line) that ``skew`` keeps: the planned fraction of the cells
+    there, rounded half up, at least one where the fraction is above 0."""
+    have = pd.crosstab(sheet["batch"], sheet["cell_line"])
+    keep = have.copy()
+    for batch in have.index:
+        for line in have.columns:
+            fraction = plan.get(batch, {}).get(line, 1.0)
+            n = int(have.loc[batch, line])
+            keep.loc[batch, line] = 0 if fraction <= 0 or n == 0 else max(1, _round(fraction * n))
+    return keep
+
+
+def skew(
+    counts: pd.DataFrame, sheet: pd.DataFrame, plan: dict[str, dict[str, float]], seed: int
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Subsample each (batch, line) at random to ``skew_plan``'s count; the cells keep their
+    order."""
+    rng = np.random.default_rng(seed)
+    keep = skew_plan(sheet, plan)
+    position = pd.Series(np.arange(len(sheet)), index=sheet.index)
+    chosen = []
+    for (batch, line), cells in sheet.groupby(["batch", "cell_line"], sort=True).groups.items():
+        n = int(keep.loc[batch, line])
+        chosen.append(rng.choice(position[cells].to_numpy(), size=n, replace=False))
+    rows = np.sort(np.concatenate(chosen))
+    sheet = sheet.iloc[rows]
+    return counts[sheet.index], sheet
+
+
+def confounded_pseudobulk(
+    counts: pd.DataFrame,
+    sheet: pd.DataFrame,
+    design: dict[str, tuple[str, tuple[str, ...]]],
+    samples_per_batch: int,
+    share: float,
+    group_size: int,
+    seed: int,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Pseudo-bulk samples (sums of ``group_size`` random cells of one line within one batch,
+    no cell in two samples) with ``share`` of every batch's ``samples_per_batch`` from its
+    dominant line and the rest dealt in turn to its minority lines."""
+    rng = np.random.default_rng(seed)
+    columns, rows = {}, []
+    for batch, (dominant, minority) in design.items():
+        n_dominant = _round(share * samples_per_batch)
+        plan = {dominant: n_dominant}
+        for i in range(samples_per_batch - n_dominant):
+            line = minority[i % len(minority)]
+            plan[line] = plan.get(line, 0) + 1
+        for line, n in plan.items():
+            cells = sheet.index[(sheet["batch"] == batch) & (sheet["cell_line"] == line)]
+            if len(cells) < n * group_size:
+                raise ValueError(
+                    f"{batch} has {len(cells)} cells of {line}: {n} samples of "
+                    f"{group_size} need {n * group_size}"
+                )
+            cells = rng.permutation(np.asarray(cells))
+            for k in range(n):
+                name = f"{batch}_{line}_pb{k}"
+                columns[name] = counts[cells[k * group_size : (k + 1) * group_size]].sum(axis=1)
+                rows.append({"sample_id": name, "batch": batch, "cell_line": line})
+    bulk = pd.DataFrame(columns)
+    bulk.index.name = "gene_id"
+    return bulk, pd.DataFrame(rows).set_index("sample_id")
+
+
+def composition(sheet: pd.DataFrame) -> pd.DataFrame:
+    """Samples per batch (rows) and cell line (columns), with totals."""
+    return pd.crosstab(sheet["batch"], sheet["cell_line"], margins=True, margins_name="total")
+
+
 def build(task: str, shared: Path, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
     if task == "protocols":
         return combine([load_set(shared, b) for b in ("CEL-seq2", "Drop-seq")])
@@ -83,11 +209,23 @@ def build(task: str, shared: Path, seed: int = 0) -> tuple[pd.DataFrame, pd.Data
     if task == "pseudobulk":
         counts, sheet = combine([load_set(shared, b) for b in SETS])
         return pseudobulk(counts, sheet, group_size=10, seed=seed)
+    if task == "cellbench5_inner":
+        return combine([load_set(shared, b) for b in SETS], join="inner")
+    if task == "cellbench5_skewed":
+        counts, sheet = combine([load_set(shared, b) for b in SETS])
+        return skew(counts, sheet, SKEW, seed=seed)
+    if task == "pseudobulk_confounded":
+        counts, sheet = combine([load_set(shared, b) for b in CONFOUNDED])
+        return confounded_pseudobulk(
+            counts, sheet, CONFOUNDED, CONFOUNDED_SAMPLES, CONFOUNDED_SHARE, CONFOUNDED_GROUP,
+            seed=seed,
+        )  # fmt: skip
     raise ValueError(f"unknown task {task!r}; choose from {TASKS}")
 
 
 def write_task(task: str, shared: Path, out_dir: Path) -> dict:
-    """Write ``{task}_counts.tsv.gz`` and ``{task}_samples.tsv``; return a datasets-sheet row."""
+    """Write ``{task}_counts.tsv.gz``, ``{task}_samples.tsv`` and ``{task}_composition.tsv``
+    (samples per batch and line); return a datasets-sheet row."""
     out_dir.mkdir(parents=True, exist_ok=True)
     matrix = out_dir / f"{task}_counts.tsv.gz"
     samples = out_dir / f"{task}_samples.tsv"
@@ -96,6 +234,8 @@ def write_task(task: str, shared: Path, out_dir: Path) -> dict:
         counts = counts[(counts > 0).sum(axis=1) >= 3]
         counts.to_csv(matrix, sep="\t", compression={"method": "gzip", "mtime": 0})
         sheet.to_csv(samples, sep="\t")
+    sheet = pd.read_csv(samples, sep="\t", index_col=0, dtype=str)
+    composition(sheet).to_csv(out_dir / f"{task}_composition.tsv", sep="\t")
     return {
         "name": task,
         "expression": str(matrix.resolve()),
