@@ -2,8 +2,11 @@
 
 Runs the workflow itself (same rules, same scoring) once per (variant, seed) in its own
 directory under ``--out``, then writes the tables of BENCHMARKS.md's quality section:
-mean and standard deviation over seeds per task and method, the ablations, and the bar
-checks of issue 5. Needs ``../shared/data`` (the CellBench files).
+mean and standard deviation over seeds per task and method (one table per task, and per
+task again for a variant that runs baselines of its own), the ablations, and the bar
+checks of issue 5. Needs ``../shared/data`` (the CellBench files). The batch x line
+composition of every task is printed and written beside its data
+(``data/{task}_composition.tsv``).
 
     .venv/bin/python benchmarks/quality/run.py                      # everything
     .venv/bin/python benchmarks/quality/run.py --tasks protocols --seeds 0 --variants default
@@ -23,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tasks import TASKS, write_task
 
 ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+LABEL = "cell_line"  # every task's label_key (tasks.write_task)
 
 # name -> config overrides. "default" runs the baselines; ablations run LocusFormer only.
 VARIANTS: dict[str, dict] = {
@@ -51,6 +56,44 @@ VARIANTS: dict[str, dict] = {
 BASELINES = ["combat", "harmony", "scvi"]
 
 
+def _schema() -> dict:
+    return yaml.safe_load(SCHEMA.read_text()).get("properties", {})
+
+
+def protect_config(label: str = LABEL) -> dict | None:
+    """The config that protects ``label`` in the methods that may use it, when the workflow's
+    config schema has a ``protect`` key (a column name or a list of them); None otherwise."""
+    spec = _schema().get("protect")
+    if spec is None:
+        return None
+    kinds = spec.get("type")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    if "string" in kinds:
+        return {"protect": label}
+    if "array" in kinds:
+        return {"protect": [label]}
+    raise ValueError(f"{SCHEMA}: protect is {kinds}, not a column name or a list of them")
+
+
+def label_baselines() -> list[str]:
+    """Baselines that use the protected label (ComBat with the label as covariate)."""
+    enum = _schema().get("baselines", {}).get("items", {}).get("enum", [])
+    return [m for m in ("combat_mod",) if m in enum]
+
+
+# Label-using runs are a variant of their own, so that their rows (methods that saw the
+# labels) are tabled apart from the label-free ones and never ranked with them.
+# TODO(issue 18): the config schema (workflow/schemas/config.schema.yaml) has neither a
+# `protect` key nor a `combat_mod` baseline yet; once another engineer's change adds them,
+# this registers "protected_cell_line" by itself; check then that `protect` means the
+# sample-sheet column(s) to keep (as protect_config assumes) and that inprocess.py passes
+# it too (it calls run_method directly and knows nothing of `protect` today).
+VARIANT_BASELINES: dict[str, list[str]] = {"default": BASELINES}
+if (_protect := protect_config()) is not None and label_baselines():
+    VARIANTS["protected_cell_line"] = _protect
+    VARIANT_BASELINES["protected_cell_line"] = label_baselines()
+
+
 def run_variant(variant: str, seed: int, rows: list[dict], out: Path, cores: int) -> Path:
     workdir = out / "runs" / variant / f"seed{seed}"
     (workdir / "config").mkdir(parents=True, exist_ok=True)
@@ -58,7 +101,7 @@ def run_variant(variant: str, seed: int, rows: list[dict], out: Path, cores: int
     config = {
         "datasets": "config/datasets.tsv",
         "seed": seed,
-        "baselines": BASELINES if variant == "default" else [],
+        "baselines": VARIANT_BASELINES.get(variant, []),
         **VARIANTS[variant],
     }
     (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
@@ -116,21 +159,14 @@ def _peak(values: pd.Series) -> str:
 
 def tables(results: pd.DataFrame) -> str:
     lines = []
-    default = results[results["variant"] == "default"]
-    for task, rows in default.groupby("dataset", sort=False):
-        seeds = rows["seed"].nunique()
-        lines += [f"### {task} ({seeds} seed{'s' if seeds > 1 else ''}; mean ± sd)", ""]
-        lines += ["| method | batch | bio | total | wall time (s) | peak memory (MB) |"]
-        lines += ["| --- | --- | --- | --- | --- | --- |"]
-        order = rows.groupby("method")["total"].mean().sort_values(ascending=False).index
-        for method in order:
-            m = rows[rows["method"] == method]
-            lines.append(
-                f"| {method} | {_fmt(m['batch'])} | {_fmt(m['bio'])} | {_fmt(m['total'])} | "
-                f"{m['wall_s'].median():.1f} | {_peak(m['max_rss_mb'])} |"
-            )
-        lines.append("")
-    ablation = results[results["method"] == "locusformer"]
+    for variant in VARIANT_BASELINES:
+        runs = results[results["variant"] == variant]
+        if variant != "default":  # only the methods this variant is run for, and the reference
+            runs = runs[runs["method"].isin(["uncorrected", *VARIANT_BASELINES[variant]])]
+        lines += _task_tables(runs, "" if variant == "default" else f", {variant}")
+    # The label-using variants' LocusFormer is the default's (it never sees the labels).
+    apart = [v for v in VARIANT_BASELINES if v != "default"]
+    ablation = results[(results["method"] == "locusformer") & ~results["variant"].isin(apart)]
     if ablation["variant"].nunique() > 1:
         tasks = list(ablation["dataset"].unique())
         lines += ["### Ablations (LocusFormer total; mean ± sd over seeds)", ""]
@@ -158,6 +194,25 @@ def tables(results: pd.DataFrame) -> str:
                 lines.append(f"| {variant} | {seeds} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _task_tables(runs: pd.DataFrame, suffix: str) -> list[str]:
+    """One table per task (dataset): mean ± sd over seeds of each method."""
+    lines = []
+    for task, rows in runs.groupby("dataset", sort=False):
+        seeds = rows["seed"].nunique()
+        lines += [f"### {task}{suffix} ({seeds} seed{'s' if seeds > 1 else ''}; mean ± sd)", ""]
+        lines += ["| method | batch | bio | total | wall time (s) | peak memory (MB) |"]
+        lines += ["| --- | --- | --- | --- | --- | --- |"]
+        order = rows.groupby("method")["total"].mean().sort_values(ascending=False).index
+        for method in order:
+            m = rows[rows["method"] == method]
+            lines.append(
+                f"| {method} | {_fmt(m['batch'])} | {_fmt(m['bio'])} | {_fmt(m['total'])} | "
+                f"{m['wall_s'].median():.1f} | {_peak(m['max_rss_mb'])} |"
+            )
+        lines.append("")
+    return lines
 
 
 def _verdict(ok: bool) -> str:
@@ -244,6 +299,9 @@ def main() -> None:
         if not (args.shared / "cellbench").is_dir():
             sys.exit(f"{args.shared}/cellbench not found: the benchmark needs the CellBench files")
         rows = [write_task(task, args.shared, args.out / "data") for task in args.tasks]
+        for task in args.tasks:
+            table = pd.read_csv(args.out / "data" / f"{task}_composition.tsv", sep="\t")
+            print(f"[quality] {task}: samples per batch and cell line\n{table.to_string()}")
         for variant in args.variants:
             for seed in args.seeds:
                 run_variant(variant, seed, rows, args.out, args.cores)
