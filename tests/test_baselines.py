@@ -214,6 +214,126 @@ def test_scvi_on_counts(adata: ad.AnnData, monkeypatch) -> None:
     assert np.isfinite(res.obsm["X_emb"]).all()
 
 
+def confounded(seed: int = 0) -> tuple[ad.AnnData, np.ndarray]:
+    """Two batches, two cell lines, mostly one line per batch; returns the line effect."""
+    rng = np.random.default_rng(seed)
+    genes = 40
+    line_effect = rng.normal(0, 1.5, genes)
+    batch_shift = rng.normal(0, 1.0, genes)
+    rows, x = [], []
+    for b, share_b in enumerate([0.2, 0.8]):  # share of line B in batch b
+        for k in range(20):
+            line = "B" if k < share_b * 20 else "A"
+            x.append(5 + (line == "B") * line_effect + b * batch_shift + rng.normal(0, 0.25, genes))
+            rows.append((f"s{b}_{k}", f"b{b}", line))
+    obs = pd.DataFrame(rows, columns=["sample_id", "batch", "cell_line"]).set_index("sample_id")
+    adata = ad.AnnData(np.asarray(x, dtype=np.float32), obs=obs)
+    adata.var_names = [f"G{i:03d}" for i in range(genes)]
+    return adata, line_effect
+
+
+def line_effect_error(x: np.ndarray, lines: np.ndarray, truth: np.ndarray) -> float:
+    """Distance between the corrected data's B - A mean difference and the true one."""
+    estimate = x[lines == "B"].mean(axis=0) - x[lines == "A"].mean(axis=0)
+    return float(np.linalg.norm(estimate - truth))
+
+
+def test_combat_mod_keeps_a_label_confounded_with_batch() -> None:
+    adata, truth = confounded()
+    lines = adata.obs["cell_line"].to_numpy()
+    batches = adata.obs["batch"].to_numpy()
+    plain = run_method("combat", adata, "batch", seed=0)
+    mod = run_method("combat_mod", adata, "batch", seed=0, covariates=["cell_line"])
+    assert mod.uns["method"] == "combat_mod" and mod.uns["representation"] == "matrix"
+    assert list(mod.uns["covariates"]) == ["cell_line"]
+    assert mod.uns["display_name"] == "combat_mod (mod: cell_line)"
+    # plain ComBat takes part of the line effect for batch; the protected fit keeps it
+    plain_error = line_effect_error(np.asarray(plain.X), lines, truth)
+    mod_error = line_effect_error(np.asarray(mod.X), lines, truth)
+    assert mod_error < 0.4 * plain_error
+    assert mod_error < 0.1 * np.linalg.norm(truth)
+    # and it removes the batch shift within each line, which plain ComBat, misled by the
+    # lines, leaves in part
+    before = batch_centroid_gap(np.asarray(adata.X), batches, lines)
+    mod_gap = batch_centroid_gap(np.asarray(mod.X), batches, lines)
+    assert mod_gap < 0.2 * before
+    assert mod_gap < 0.5 * batch_centroid_gap(np.asarray(plain.X), batches, lines)
+
+
+def test_combat_mod_needs_and_owns_its_covariates(adata: ad.AnnData) -> None:
+    with pytest.raises(InputError, match="combat_mod needs at least one") as info:
+        run_method("combat_mod", adata, "batch", seed=0)
+    assert "\n" not in str(info.value)
+    with pytest.raises(InputError, match="only combat_mod protects"):
+        run_method("combat", adata, "batch", seed=0, covariates=["cell_type"])
+    with pytest.raises(InputError, match="no column 'donor'"):
+        run_method("combat_mod", adata, "batch", seed=0, covariates=["donor"])
+    with pytest.raises(InputError, match="is the batch column"):
+        run_method("combat_mod", adata, "batch", seed=0, covariates=["batch"])
+
+
+def test_combat_mod_refuses_a_label_that_is_the_batch(adata: ad.AnnData) -> None:
+    same = adata.copy()
+    same.obs["site"] = same.obs["batch"].astype(str) + "_site"
+    with pytest.raises(RuntimeError, match="confounded with batch 'batch'"):
+        run_method("combat_mod", same, "batch", seed=0, covariates=["site"])
+
+
+def test_run_baseline_combat_mod_records_its_labels(tmp_path: Path) -> None:
+    adata, _ = confounded()
+    ordered, samples = write_inputs(adata, tmp_path)
+    out = tmp_path / "combat_mod.h5ad"
+    run_baseline(
+        "combat_mod", ordered, samples, "batch", "cell_line", out, seed=0, covariates=["cell_line"]
+    )
+    back = ad.read_h5ad(out)
+    assert back.uns["status"] == "ok" and back.uns["method"] == "combat_mod"
+    assert list(back.uns["covariates"]) == ["cell_line"]
+    assert back.uns["display_name"] == "combat_mod (mod: cell_line)"
+    with pytest.raises(InputError, match=r"samples\.tsv: no column 'donor'"):
+        run_baseline(
+            "combat_mod", ordered, samples, "batch", None, out, seed=0, covariates=["donor"]
+        )
+    with pytest.raises(InputError, match="combat_mod needs"):
+        run_baseline("combat_mod", ordered, samples, "batch", None, out, seed=0)
+
+
+def test_sysvi_refuses_bad_input(adata: ad.AnnData) -> None:
+    bad = adata.copy()
+    x = np.asarray(bad.X).copy()
+    x[0, 0] = np.nan
+    bad.X = x
+    with pytest.raises(InputError, match="normalized matrix: contains non-finite") as info:
+        run_method("sysvi", bad, "batch", seed=0)
+    assert "\n" not in str(info.value)
+    with pytest.raises(InputError, match="no batch column 'donor'"):
+        run_method("sysvi", adata, "donor", seed=0)
+
+
+def test_sysvi_without_scvi_tools_says_so(adata: ad.AnnData, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "scvi", None)  # import scvi -> ImportError
+    with pytest.raises(RuntimeError, match="SysVI needs the optional scvi-tools"):
+        run_method("sysvi", adata, "batch", seed=0)
+    failed = baselines.failed_result("sysvi", adata.obs, adata.var_names, "no scvi-tools")
+    assert failed.uns["representation"] == "embedding"
+
+
+@pytest.mark.skipif(not baselines.scvi_available(), reason="scvi-tools is not installed")
+def test_sysvi_on_the_normalized_matrix(monkeypatch) -> None:
+    monkeypatch.setattr(baselines, "SYSVI_MAX_EPOCHS", 3)
+    small = synthetic(n_per=5, groups=2, batches=2, genes=30)  # 20 samples
+    res = run_method("sysvi", small, "batch", seed=0)
+    assert res.uns["method"] == "sysvi" and res.uns["representation"] == "embedding"
+    emb = res.obsm["X_emb"]
+    assert emb.shape == (small.n_obs, 15)  # SysVI's 15 latent dimensions
+    assert np.isfinite(emb).all()
+    np.testing.assert_array_equal(res.X, small.X)  # .X keeps the input
+    again = run_method("sysvi", small, "batch", seed=0)
+    np.testing.assert_allclose(again.obsm["X_emb"], emb, rtol=0, atol=1e-6)
+    other = run_method("sysvi", small, "batch", seed=1)
+    assert not np.allclose(other.obsm["X_emb"], emb)
+
+
 # --------------------------------------------------------------------------- files
 
 

@@ -10,14 +10,18 @@ genomic order) and returns an *integration result*: an :class:`~anndata.AnnData`
   or ``"embedding"`` (score ``.obsm["X_emb"]`` as it is).
 
 Methods: ``uncorrected`` (the input as it is), ``combat`` (:func:`scanpy.pp.combat`),
-``harmony`` (harmonypy on a PCA of the scaled matrix) and ``scvi`` (scvi-tools on raw
-counts; an optional extra).
+``combat_mod`` (ComBat that keeps the effects of given sample-sheet columns, like
+``sva::ComBat(mod=)``: it uses labels, so it is no unsupervised peer of the others),
+``harmony`` (harmonypy on a PCA of the scaled matrix), ``scvi`` (scvi-tools on raw
+counts) and ``sysvi`` (scvi-tools' SysVI on the log-normalized matrix); the last two need
+the optional ``scvi`` extra.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
@@ -32,11 +36,18 @@ from locusformer.io import read_matrix_parquet
 
 log = logging.getLogger(__name__)
 
-METHODS: tuple[str, ...] = ("uncorrected", "combat", "harmony", "scvi")
+Method = Literal["uncorrected", "combat", "combat_mod", "harmony", "scvi", "sysvi"]
+METHODS: tuple[str, ...] = typing.get_args(Method)
+#: methods whose result is an embedding (scored as it is), not a corrected matrix
+EMBEDDING_METHODS: frozenset[str] = frozenset({"harmony", "scvi", "sysvi"})
 EMBEDDING_KEY = "X_emb"
 MAX_PCS = 50
 #: scVI training epochs; None = scvi-tools' default (depends on the number of samples)
 SCVI_MAX_EPOCHS: int | None = None
+#: SysVI training epochs: the 200 of scvi-tools' SysVI tutorial
+SYSVI_MAX_EPOCHS: int = 200
+#: SysVI's loss weights, as in its tutorial (the cycle weight is its one integration knob)
+SYSVI_PLAN_KWARGS: Mapping[str, float] = {"kl_weight": 1.0, "z_distance_cycle_weight": 5.0}
 
 Representation = Literal["matrix", "embedding"]
 
@@ -161,7 +172,7 @@ def failed_result(
     return make_result(
         None,
         method=method,
-        representation="embedding" if method in ("harmony", "scvi") else "matrix",
+        representation="embedding" if method in EMBEDDING_METHODS else "matrix",
         obs=obs,
         var_names=var_names,
         batch_key=batch_key,
@@ -243,11 +254,58 @@ def _uncorrected(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.Ann
     )
 
 
-def _combat(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData:
+def display_name(method: str, covariates: Sequence[str] = ()) -> str | None:
+    """How reports show a method that used sample labels (``None``: its plain name).
+
+    ``combat_mod`` keeps the effects of labels that the scores also judge it by, so its
+    row must say which ones; ``"combat_mod (mod: cell_line)"``.
+    """
+    if method == "combat_mod" and covariates:
+        return f"combat_mod (mod: {', '.join(covariates)})"
+    return None
+
+
+def check_covariates(
+    covariates: Sequence[str], obs: pd.DataFrame, batch_key: str, source: object
+) -> None:
+    """:class:`InputError` (naming ``source``) unless every covariate is a usable column."""
+    if len(set(covariates)) != len(covariates):
+        raise InputError("protect", f"columns listed twice: {', '.join(covariates)}")
+    for name in covariates:
+        if name == batch_key:
+            raise InputError("protect", f"{name!r} is the batch column; it cannot be protected")
+        if name not in obs.columns:
+            raise InputError(source, f"no column {name!r} (named in protect)")
+        if obs[name].isna().any():
+            raise InputError(source, f"column {name!r} (named in protect) has missing values")
+
+
+def _covariate_columns(obs: pd.DataFrame, covariates: Sequence[str]) -> pd.DataFrame:
+    """Indicator columns of the (categorical) covariates, each without its first level.
+
+    scanpy's ComBat puts one indicator per batch in the design, and those sum to an
+    intercept; all levels of a categorical covariate would add a second one. scanpy
+    inverts that singular design without complaint and returns nonsense (a group
+    difference of 2 came back as 8), so the covariates go in treatment-coded, as numbers,
+    which scanpy adds to the design as they are (the model of ``sva::ComBat(mod=)``).
+    """
+    columns: dict[str, np.ndarray] = {}
+    for i, name in enumerate(covariates):
+        values = obs[name].astype(str)
+        for j, level in enumerate(sorted(values.unique())[1:], start=1):
+            columns[f"__protect{i}_{j}"] = (values == level).to_numpy(dtype=np.float64)
+    return pd.DataFrame(columns, index=obs.index)
+
+
+def _combat(
+    adata: ad.AnnData, batch_key: str, seed: int, counts, covariates: Sequence[str] = ()
+) -> ad.AnnData:
     import scanpy as sc
 
+    method = "combat_mod" if covariates else "combat"
     batches = _batches(adata, batch_key)
     _need_batches("ComBat", batches, min_per_batch=2)
+    check_covariates(covariates, adata.obs, batch_key, "samples")
     x = _dense(adata.X).astype(np.float64)
     if not np.isfinite(x).all():
         raise InputError("normalized matrix", "contains non-finite values")
@@ -262,22 +320,44 @@ def _combat(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData:
     if not adjust.any():
         raise RuntimeError("ComBat: every gene is constant within at least one batch")
 
-    work = ad.AnnData(
-        X=x[:, adjust], obs=pd.DataFrame({batch_key: batches.values}, index=adata.obs_names)
+    protect = _covariate_columns(adata.obs, covariates)
+    if covariates and protect.shape[1] == 0:
+        log.warning("combat_mod: %s has one value only; nothing to protect", covariates)
+    if covariates:
+        # A covariate that follows the batches leaves no batch effect to estimate apart
+        # from it (sva::ComBat refuses it too); the fit needs residual degrees of freedom.
+        design = np.column_stack([np.eye(codes.max() + 1)[codes], protect.to_numpy()])
+        rank = int(np.linalg.matrix_rank(design))
+        if rank < design.shape[1]:
+            raise RuntimeError(
+                f"ComBat: the protected column(s) {', '.join(covariates)} are confounded "
+                f"with batch {batch_key!r} (design of rank {rank} with {design.shape[1]} columns)"
+            )
+        if design.shape[0] <= design.shape[1]:
+            raise RuntimeError(
+                f"ComBat: {design.shape[0]} samples cannot fit {design.shape[1]} batch and "
+                "covariate terms"
+            )
+    obs = pd.DataFrame({batch_key: batches.values}, index=adata.obs_names)
+    work = ad.AnnData(X=x[:, adjust], obs=pd.concat([obs, protect], axis=1))
+    corrected = sc.pp.combat(
+        work, key=batch_key, covariates=list(protect.columns) or None, inplace=False
     )
-    corrected = sc.pp.combat(work, key=batch_key, inplace=False)
     corrected = np.asarray(corrected, dtype=np.float64)
     _check_finite("ComBat", corrected)
     out = x.copy()
     out[:, adjust] = corrected
+    uns: dict[str, object] = {"n_genes_unadjusted": int(constant.sum())}
+    if covariates:
+        uns.update(covariates=list(covariates), display_name=display_name(method, covariates))
     return make_result(
         out.astype(np.float32),
-        method="combat",
+        method=method,
         representation="matrix",
         obs=adata.obs,
         var_names=adata.var_names,
         batch_key=batch_key,
-        uns={"n_genes_unadjusted": int(constant.sum())},
+        uns=uns,
     )
 
 
@@ -380,12 +460,71 @@ def _scvi(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData:
     )
 
 
+def _sysvi(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData:
+    # SysVI models log-normalized expression (a Gaussian decoder), not counts: it gets
+    # the same normalized matrix as ComBat and Harmony.
+    batches = _batches(adata, batch_key)
+    _need_batches("SysVI", batches, min_per_batch=1)
+    x = _dense(adata.X).astype(np.float32)
+    if not np.isfinite(x).all():
+        raise InputError("normalized matrix", "contains non-finite values")
+    try:
+        import scvi
+        from scvi.external import SysVI
+    except Exception as exc:
+        raise RuntimeError(
+            "SysVI needs the optional scvi-tools package (pip install 'locusformer[scvi]'): "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+
+    # seeds Python, NumPy (SysVI draws its VampPrior pseudo-inputs there) and torch
+    scvi.settings.seed = seed
+    work = ad.AnnData(X=x, obs=pd.DataFrame({batch_key: batches.values}, index=adata.obs_names))
+    work.var_names = [str(v) for v in adata.var_names]
+    SysVI.setup_anndata(work, batch_key=batch_key)
+    model = SysVI(work)  # the tutorial's model: VampPrior, 15 latent dimensions
+    # on the CPU, like scVI: the baseline rule asks for no GPU, and results stay comparable
+    model.train(
+        max_epochs=SYSVI_MAX_EPOCHS,
+        accelerator="cpu",
+        enable_progress_bar=False,
+        plan_kwargs=dict(SYSVI_PLAN_KWARGS),
+    )
+    z = np.asarray(model.get_latent_representation(work))
+    _check_finite("SysVI", z)
+    return make_result(
+        _dense(adata.X).astype(np.float32),
+        method="sysvi",
+        representation="embedding",
+        obs=adata.obs,
+        var_names=adata.var_names,
+        embedding=z,
+        batch_key=batch_key,
+        uns={"n_latent": int(z.shape[1]), "max_epochs": int(SYSVI_MAX_EPOCHS)},
+    )
+
+
 _RUNNERS = {
     "uncorrected": _uncorrected,
     "combat": _combat,
+    "combat_mod": _combat,
     "harmony": _harmony,
     "scvi": _scvi,
+    "sysvi": _sysvi,
 }
+
+
+def _check_method(method: str, covariates: Sequence[str]) -> None:
+    if method not in _RUNNERS:
+        raise InputError("method", f"unknown baseline {method!r}; choose from {', '.join(METHODS)}")
+    if method == "combat_mod" and not covariates:
+        raise InputError(
+            "protect",
+            "combat_mod needs at least one sample-sheet column to protect "
+            "(config key 'protect', or --protect COLUMN)",
+        )
+    if covariates and method != "combat_mod":
+        raise InputError("protect", f"only combat_mod protects columns, not {method}")
 
 
 def run_method(
@@ -394,17 +533,46 @@ def run_method(
     batch_key: str,
     seed: int,
     counts: ad.AnnData | pd.DataFrame | None = None,
+    covariates: Sequence[str] = (),
 ) -> ad.AnnData:
     """Run one baseline on a normalized AnnData (samples x loci, log-expression).
 
-    Raises whatever the method raises (``RuntimeError`` for a design it cannot handle,
-    :class:`InputError` for missing inputs); :func:`run_baseline` records such failures.
+    Parameters
+    ----------
+    method
+        One of :data:`METHODS`.
+    adata
+        The normalized matrix; ``obs`` holds the batch column (and the covariates).
+    batch_key
+        The batch column of ``adata.obs``.
+    seed
+        Seed of the method's random steps.
+    counts
+        Raw counts of the same samples (``scvi`` only).
+    covariates
+        ``combat_mod`` only, and required there: categorical ``obs`` columns whose effects
+        ComBat keeps (its design matrix, ``mod`` in ``sva::ComBat``).
+
+    Returns
+    -------
+    anndata.AnnData
+        The integration result.
+
+    Raises
+    ------
+    InputError
+        An unknown method, covariates where they do not belong or missing, missing inputs.
+    RuntimeError
+        A design the method cannot handle; :func:`run_baseline` records such failures.
     """
-    if method not in _RUNNERS:
-        raise InputError("method", f"unknown baseline {method!r}; choose from {', '.join(METHODS)}")
+    covariates = list(covariates)
+    _check_method(method, covariates)
     if adata.n_obs < 2 or adata.n_vars < 1:
         raise InputError("normalized matrix", f"too small ({adata.n_obs} x {adata.n_vars})")
-    result = _RUNNERS[method](adata, batch_key, seed, counts)
+    if method == "combat_mod":
+        result = _combat(adata, batch_key, seed, counts, covariates=covariates)
+    else:
+        result = _RUNNERS[method](adata, batch_key, seed, counts)
     result.uns["seed"] = int(seed)
     return result
 
@@ -431,8 +599,13 @@ def load_normalized(
     samples_path: str | os.PathLike,
     batch_key: str,
     label_key: str | None = None,
+    covariates: Sequence[str] = (),
 ) -> ad.AnnData:
-    """Load ``ordered.parquet`` + ``samples.tsv`` into an AnnData (obs in matrix order)."""
+    """Load ``ordered.parquet`` + ``samples.tsv`` into an AnnData (obs in matrix order).
+
+    ``covariates`` (columns ``combat_mod`` protects) must be columns of the sample table
+    without missing values, or :class:`InputError` names ``samples_path``.
+    """
     matrix = read_matrix_parquet(ordered_path, "normalized matrix")
     samples = read_samples(samples_path)
     for key in (batch_key, label_key):
@@ -447,6 +620,7 @@ def load_normalized(
     obs = samples.loc[matrix.index].copy()
     if obs[batch_key].isna().any():
         raise InputError(samples_path, f"column {batch_key!r} has missing values")
+    check_covariates(covariates, obs, batch_key, samples_path)
     obs = _categorical_obs(obs, [batch_key, label_key])
     adata = ad.AnnData(X=matrix.to_numpy(dtype=np.float32), obs=obs)
     adata.var_names = list(matrix.columns)
@@ -462,16 +636,19 @@ def run_baseline(
     out_h5ad: str | os.PathLike,
     seed: int,
     counts_path: str | os.PathLike | None = None,
+    covariates: Sequence[str] = (),
 ) -> ad.AnnData:
     """Run ``method`` on a dataset's normalized files and write its integration result.
 
-    Unreadable or inconsistent input raises :class:`InputError`. A method that fails on
-    the data (ComBat with a one-sample batch, scVI without scvi-tools, ...) writes a result
-    with ``uns["status"] = "failed"`` and ``uns["error"]`` and returns normally.
+    Unreadable or inconsistent input raises :class:`InputError`, and so does
+    ``combat_mod`` without ``covariates`` (the sample-sheet columns it protects; no other
+    method takes them). A method that fails on the data (ComBat with a one-sample batch,
+    scVI without scvi-tools, ...) writes a result with ``uns["status"] = "failed"`` and
+    ``uns["error"]`` and returns normally.
     """
-    if method not in _RUNNERS:
-        raise InputError("method", f"unknown baseline {method!r}; choose from {', '.join(METHODS)}")
-    adata = load_normalized(ordered_path, samples_path, batch_key, label_key)
+    covariates = list(covariates)
+    _check_method(method, covariates)
+    adata = load_normalized(ordered_path, samples_path, batch_key, label_key, covariates)
     counts = None
     if counts_path is not None and Path(counts_path).exists():
         counts = read_matrix_parquet(counts_path, "count matrix")
@@ -483,7 +660,7 @@ def run_baseline(
             raise RuntimeError(
                 "scVI needs raw counts; this dataset has none (value_type is not counts)"
             )
-        result = run_method(method, adata, batch_key, seed, counts=counts)
+        result = run_method(method, adata, batch_key, seed, counts=counts, covariates=covariates)
     except Exception as exc:
         # the uncorrected "method" cannot fail on readable input: anything here is a bug
         if method == "uncorrected":
@@ -492,6 +669,10 @@ def run_baseline(
         result = failed_result(
             method, adata.obs, adata.var_names, exc, batch_key=batch_key, label_key=label_key
         )
+        # a failed combat_mod still says which labels it was given
+        if covariates:
+            result.uns["covariates"] = covariates
+            result.uns["display_name"] = display_name(method, covariates)
     result.uns["seed"] = int(seed)
     write_result(result, out_h5ad)
     return result
