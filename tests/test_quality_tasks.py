@@ -1,0 +1,193 @@
+"""benchmarks/quality/tasks.py's composition-imbalance tasks, on a tiny fake of the CellBench
+files (same names, layout and columns as ../shared/data/cellbench; never reads ../shared)."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import ROOT
+
+QUALITY = ROOT / "benchmarks" / "quality"
+sys.path.insert(0, str(QUALITY))
+import tasks  # noqa: E402
+
+THREE = ("H1975", "H2228", "HCC827")
+FIVE = ("A549", "H1975", "H2228", "H838", "HCC827")
+DOMINANT = {"CEL-seq2": "H1975", "Drop-seq": "HCC827", "plate1": "A549", "plate2": "H838"}
+DOMINANT["plate3"] = "H2228"
+COMMON = [f"ENSG{i:011d}" for i in range(20)]
+MARKER = {line: f"ENSG9{i:010d}" for i, line in enumerate(FIVE)}  # 1 in each cell of line
+
+
+def _write_csv_r(frame: pd.DataFrame, path: Path) -> None:
+    """As R's write.csv wrote the CellBench files: quoted header without the index's field."""
+    lines = [",".join(f'"{c}"' for c in frame.columns)]
+    for name, row in frame.iterrows():
+        values = [f'"{v}"' if isinstance(v, str) else str(v) for v in row.tolist()]
+        lines.append(",".join([f'"{name}"', *values]))
+    with gzip.open(path, "wt") as handle:
+        handle.write("\n".join(lines) + "\n")
+
+
+def _fake_set(rng, batch: str, stem: str, out: Path) -> None:
+    lines = THREE if batch in ("CEL-seq2", "Drop-seq") else FIVE
+    labels = [line for line in lines for _ in range(33 if line == DOMINANT[batch] else 6)]
+    labels += [lines[0], lines[1], lines[2]]  # two doublets and an outlier, all dropped
+    cells = [f"{stem}_c{i:03d}" for i in range(len(labels))]
+    kind = ["SNG"] * (len(labels) - 3) + ["DBL", "DBL", "SNG"]
+    outlier = ["FALSE"] * (len(labels) - 1) + ["TRUE"]
+    meta = pd.DataFrame(
+        {"outliers": outlier, "cell_line_demuxlet": labels, "demuxlet_cls": kind}, index=cells
+    )
+    if len(lines) == 3:
+        meta.insert(1, "cell_line", labels)
+    genes = COMMON + [f"ENSG8{stem[-4:]}{i}" for i in range(2)]  # two of this set's own
+    values = rng.poisson(2.0, size=(len(genes), len(cells)))
+    markers = [[int(label == line) for label in labels] for line in FIVE]
+    ercc = ["ERCC-00002", "ERCC-00003"] if batch != "Drop-seq" else []
+    counts = pd.DataFrame(
+        np.vstack([values, np.asarray(markers), np.full((len(ercc), len(cells)), 7)]),
+        index=genes + list(MARKER.values()) + ercc,
+        columns=cells,
+    )
+    _write_csv_r(counts, out / f"{stem}.count.csv.gz")
+    _write_csv_r(meta, out / f"{stem}.metadata.csv.gz")
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("shared")
+    (root / "cellbench").mkdir()
+    rng = np.random.default_rng(0)
+    for batch, stem in tasks.SETS.items():
+        _fake_set(rng, batch, stem, root / "cellbench")
+    return root
+
+
+def test_the_fake_reads_as_the_real_files_do(shared):
+    counts, sheet = tasks.load_set(shared, "CEL-seq2")
+    assert counts.shape == (len(COMMON) + 2 + len(FIVE), 45)  # ERCC, doublets, outlier gone
+    assert sheet["cell_line"].value_counts().to_dict() == {"H1975": 33, "H2228": 6, "HCC827": 6}
+
+
+def test_inner_join_keeps_only_the_genes_every_set_measured(shared):
+    counts, sheet = tasks.build("cellbench5_inner", shared)
+    assert set(counts.index) == set(COMMON) | set(MARKER.values())
+    assert len(sheet) == counts.shape[1] == 2 * 45 + 3 * 57
+    union, _ = tasks.build("cellbench5", shared)
+    assert len(union) == len(counts) + 5 * 2  # the union adds each set's own two genes
+    assert (union.loc[counts.index, counts.columns] == counts).all().all()
+
+
+def test_skewed_has_the_planned_composition(shared):
+    counts, sheet = tasks.build("cellbench5_skewed", shared, seed=0)
+    expected = pd.DataFrame(
+        {  # SKEW on the fake's 33 / 6 cells a line: fractions rounded half up, 0 drops
+            "A549": [0, 0, 33, 0, 1],
+            "H1975": [33, 2, 3, 6, 6],
+            "H2228": [2, 0, 6, 2, 17],
+            "H838": [0, 0, 0, 33, 2],
+            "HCC827": [0, 33, 2, 3, 6],
+        },
+        index=["CEL-seq2", "Drop-seq", "plate1", "plate2", "plate3"],
+    )
+    table = pd.crosstab(sheet["batch"], sheet["cell_line"])
+    pd.testing.assert_frame_equal(table, expected, check_names=False)
+    assert list(counts.columns) == list(sheet.index)
+    # Every kept cell is one of its line's: its marker gene is 1.
+    markers = counts.loc[[MARKER[line] for line in sheet["cell_line"]]].to_numpy()
+    assert (np.diag(markers) == 1).all()
+    again = tasks.build("cellbench5_skewed", shared, seed=0)
+    assert again[1].equals(sheet) and again[0].equals(counts)
+    other = tasks.build("cellbench5_skewed", shared, seed=1)[1]
+    assert not other.index.equals(sheet.index)
+    pd.testing.assert_frame_equal(
+        pd.crosstab(other["batch"], other["cell_line"]), table, check_names=False
+    )
+
+
+def test_confounded_pseudobulk_has_each_batch_dominated_by_one_line(shared):
+    counts, sheet = tasks.build("pseudobulk_confounded", shared, seed=0)
+    n = tasks.CONFOUNDED_SAMPLES
+    assert len(sheet) == n * len(tasks.CONFOUNDED) == counts.shape[1]
+    assert list(counts.columns) == list(sheet.index)
+    lines = set()
+    for batch, rows in sheet.groupby("batch"):
+        top = rows["cell_line"].value_counts()
+        assert top.index[0] == DOMINANT[batch] == tasks.CONFOUNDED[batch][0]
+        assert top.iloc[0] / len(rows) == pytest.approx(tasks.CONFOUNDED_SHARE)
+        assert len(rows) == n
+        lines.add(top.index[0])
+    assert lines == set(FIVE)  # each line dominant in a different batch
+    # The label is the line summed: its marker counts the cells, the others are 0.
+    for sample, line in sheet["cell_line"].items():
+        got = {other: counts.loc[MARKER[other], sample] for other in FIVE}
+        assert got == {other: tasks.CONFOUNDED_GROUP * (other == line) for other in FIVE}
+    again = tasks.build("pseudobulk_confounded", shared, seed=0)
+    assert again[0].equals(counts) and again[1].equals(sheet)
+    assert not tasks.build("pseudobulk_confounded", shared, seed=1)[0].equals(counts)
+
+
+def test_confounded_pseudobulk_says_which_line_is_short_of_cells(shared):
+    counts, sheet = tasks.combine([tasks.load_set(shared, "CEL-seq2")])
+    design = {"CEL-seq2": ("H2228", ("H1975",))}  # 8 samples of 4 need 32 of H2228's 6
+    with pytest.raises(ValueError, match="CEL-seq2 has 6 cells of H2228"):
+        tasks.confounded_pseudobulk(counts, sheet, design, 10, 0.8, 4, seed=0)
+
+
+@pytest.mark.parametrize("task", ["cellbench5_inner", "cellbench5_skewed", "pseudobulk_confounded"])
+def test_write_task_writes_what_the_other_tasks_write(shared, tmp_path, task):
+    row = tasks.write_task(task, shared, tmp_path)
+    assert row["name"] == task and row["label_key"] == "cell_line"
+    assert row["batch_key"] == "batch" and row["value_type"] == "counts"
+    matrix = pd.read_csv(row["expression"], sep="\t", index_col=0)
+    samples = pd.read_csv(row["samples"], sep="\t", index_col=0)
+    assert matrix.index.name == "gene_id" and samples.index.name == "sample_id"
+    assert list(matrix.columns) == list(samples.index)
+    assert list(samples.columns) == ["batch", "cell_line"]
+    assert ((matrix > 0).sum(axis=1) >= 3).all()
+    composition = pd.read_csv(tmp_path / f"{task}_composition.tsv", sep="\t", index_col=0)
+    assert composition.loc["total", "total"] == len(samples)
+    assert (composition.drop(index="total", columns="total").sum().sum()) == len(samples)
+
+
+def _run_module():
+    spec = importlib.util.spec_from_file_location("quality_run", QUALITY / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_run_offers_the_tasks_and_tables_each_one():
+    run = _run_module()
+    assert {"cellbench5_inner", "cellbench5_skewed", "pseudobulk_confounded"} <= set(run.TASKS)
+    rows = [
+        {"dataset": task, "method": method, "variant": "default", "seed": seed,
+         "batch": 0.5 + 0.01 * seed, "bio": 0.8, "total": 0.68 + 0.004 * seed,
+         "wall_s": 1.0, "max_rss_mb": float("nan")}
+        for task in ("cellbench5_inner", "pseudobulk_confounded")
+        for method in ("uncorrected", "locusformer")
+        for seed in (0, 1, 2)
+    ]  # fmt: skip
+    report = run.tables(pd.DataFrame(rows))
+    for task in ("cellbench5_inner", "pseudobulk_confounded"):
+        assert f"### {task} (3 seeds; mean ± sd)" in report
+    assert "| locusformer | 0.510 ± 0.010 | 0.800 ± 0.000 | 0.684 ± 0.004 |" in report
+
+
+def test_run_protects_the_label_only_where_the_schema_has_the_key(monkeypatch):
+    run = _run_module()
+    monkeypatch.setattr(run, "_schema", lambda: {"baselines": {"items": {"enum": ["combat"]}}})
+    assert run.protect_config() is None and run.label_baselines() == []
+    schema = {"protect": {"type": "string"}, "baselines": {"items": {"enum": ["combat_mod"]}}}
+    monkeypatch.setattr(run, "_schema", lambda: schema)
+    assert run.protect_config() == {"protect": "cell_line"}
+    assert run.label_baselines() == ["combat_mod"]
+    monkeypatch.setattr(run, "_schema", lambda: {"protect": {"type": "array"}})
+    assert run.protect_config() == {"protect": ["cell_line"]}
