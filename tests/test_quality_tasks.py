@@ -191,3 +191,29 @@ def test_run_protects_the_label_only_where_the_schema_has_the_key(monkeypatch):
     assert run.label_baselines() == ["combat_mod"]
     monkeypatch.setattr(run, "_schema", lambda: {"protect": {"type": "array"}})
     assert run.protect_config() == {"protect": ["cell_line"]}
+
+
+def test_label_using_rows_are_tabled_apart():
+    run = _run_module()
+    run.VARIANTS["protected_cell_line"] = {"protect": ["cell_line"]}
+    run.VARIANT_BASELINES["protected_cell_line"] = ["combat_mod"]
+    assert run.protected_columns("protected_cell_line") == ["cell_line"]
+    assert run.protected_columns("default") == []
+    methods = {
+        "default": ("uncorrected", "combat", "locusformer"),
+        "protected_cell_line": ("uncorrected", "combat_mod (mod: cell_line)", "locusformer"),
+    }
+    rows = [
+        {"dataset": "pseudobulk_confounded", "method": method, "variant": variant, "seed": 0,
+         "batch": 0.5, "bio": 0.9 if "mod" in method else 0.7, "total": 0.7, "wall_s": 1.0,
+         "max_rss_mb": float("nan")}
+        for variant, names in methods.items()
+        for method in names
+    ]  # fmt: skip
+    report = run.tables(pd.DataFrame(rows))
+    default, protected = report.split("### pseudobulk_confounded, protected_cell_line (1 seed")
+    assert "### pseudobulk_confounded (1 seed; mean ± sd)" in default
+    assert "combat_mod" not in default and "| combat |" in default
+    assert "| combat_mod (mod: cell_line) | 0.500 | 0.900 |" in protected
+    assert "locusformer" not in protected and "| uncorrected |" in protected
+    assert "Ablations" not in report  # the protected run's LocusFormer is no ablation

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import BASELINES, VARIANTS
+from run import VARIANT_BASELINES, VARIANTS, label_baselines, protected_columns
 
 from locusformer.baselines import make_result, run_method
 from locusformer.correct import correct
@@ -68,10 +68,12 @@ def run_task(
     counts = read_matrix_parquet(source / "counts.parquet", "count matrix")
 
     timed: dict[str, tuple[ad.AnnData, float]] = {}
-    methods = ["uncorrected", *(BASELINES if variant == "default" and baselines else [])]
+    methods = ["uncorrected", *(VARIANT_BASELINES.get(variant, []) if baselines else [])]
+    protect = protected_columns(variant)
     for method in methods:
+        covariates = protect if method in label_baselines() else []
         start = time.perf_counter()
-        result = run_method(method, adata.copy(), BATCH, seed, counts=counts)
+        result = run_method(method, adata.copy(), BATCH, seed, counts=counts, covariates=covariates)
         timed[method] = (result, time.perf_counter() - start)
 
     overrides = VARIANTS[variant]

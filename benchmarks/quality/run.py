@@ -75,6 +75,12 @@ def protect_config(label: str = LABEL) -> dict | None:
     raise ValueError(f"{SCHEMA}: protect is {kinds}, not a column name or a list of them")
 
 
+def protected_columns(variant: str) -> list[str]:
+    """The sample-sheet columns a variant protects (none for the label-free ones)."""
+    columns = VARIANTS.get(variant, {}).get("protect", [])
+    return [columns] if isinstance(columns, str) else list(columns)
+
+
 def label_baselines() -> list[str]:
     """Baselines that use the protected label (ComBat with the label as covariate)."""
     enum = _schema().get("baselines", {}).get("items", {}).get("enum", [])
@@ -83,11 +89,12 @@ def label_baselines() -> list[str]:
 
 # Label-using runs are a variant of their own, so that their rows (methods that saw the
 # labels) are tabled apart from the label-free ones and never ranked with them.
-# TODO(issue 18): the config schema (workflow/schemas/config.schema.yaml) has neither a
-# `protect` key nor a `combat_mod` baseline yet; once another engineer's change adds them,
-# this registers "protected_cell_line" by itself; check then that `protect` means the
-# sample-sheet column(s) to keep (as protect_config assumes) and that inprocess.py passes
-# it too (it calls run_method directly and knows nothing of `protect` today).
+# TODO(issue 18): the library has combat_mod (baselines.run_method(..., covariates=...),
+# whose errors name a config key `protect`), but the workflow's config schema
+# (workflow/schemas/config.schema.yaml) has no `protect` key and its baselines no
+# `combat_mod` yet; once both are there this registers "protected_cell_line" by itself
+# (inprocess.py then passes the same columns as run_method's covariates). Check then that
+# `protect` is the sample-sheet column(s) to keep, as protect_config assumes.
 VARIANT_BASELINES: dict[str, list[str]] = {"default": BASELINES}
 if (_protect := protect_config()) is not None and label_baselines():
     VARIANTS["protected_cell_line"] = _protect
@@ -162,7 +169,10 @@ def tables(results: pd.DataFrame) -> str:
     for variant in VARIANT_BASELINES:
         runs = results[results["variant"] == variant]
         if variant != "default":  # only the methods this variant is run for, and the reference
-            runs = runs[runs["method"].isin(["uncorrected", *VARIANT_BASELINES[variant]])]
+            keep = ["uncorrected", *VARIANT_BASELINES[variant]]
+            # a method's row may carry what it protects: "combat_mod (mod: cell_line)"
+            base = runs["method"].astype(str).str.split(" (", n=1, regex=False).str[0]
+            runs = runs[base.isin(keep)]
         lines += _task_tables(runs, "" if variant == "default" else f", {variant}")
     # The label-using variants' LocusFormer is the default's (it never sees the labels).
     apart = [v for v in VARIANT_BASELINES if v != "default"]
