@@ -13,6 +13,7 @@ from conftest import synthetic_groups
 
 from locusformer import baselines
 from locusformer.baselines import load_normalized, make_result, run_baseline, run_method
+from locusformer.cli import build_parser, main
 from locusformer.errors import InputError
 
 
@@ -416,3 +417,33 @@ def test_unreadable_input_is_an_input_error(tmp_path: Path, adata: ad.AnnData) -
             counts_path=tmp_path / "nope.parquet",
         )
     assert not (tmp_path / "o.h5ad").exists()
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_the_cli_offers_every_method() -> None:
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command")
+    method = next(a for a in commands.choices["baseline"]._actions if a.dest == "method")
+    assert tuple(method.choices) == baselines.METHODS
+
+
+def test_cli_combat_mod_protects_or_refuses(tmp_path: Path, capsys) -> None:
+    adata, _ = confounded()
+    ordered, samples = write_inputs(adata, tmp_path)
+    out = tmp_path / "combat_mod.h5ad"
+    common = ["baseline", "--method", "combat_mod", "--matrix", str(ordered)]
+    common += ["--samples", str(samples), "--batch-key", "batch", "--out", str(out)]
+    assert main([*common, "--protect", "cell_line"]) == 0
+    assert ad.read_h5ad(out).uns["display_name"] == "combat_mod (mod: cell_line)"
+    out.unlink()
+    capsys.readouterr()
+    assert main(common) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "protect: combat_mod needs at least one sample-sheet column" in err
+    assert main([*common, "--protect", "donor"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "samples.tsv: no column 'donor'" in err
+    assert not out.exists()

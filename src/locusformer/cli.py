@@ -235,6 +235,7 @@ def _baseline(args: argparse.Namespace) -> None:
         args.out,
         seed=args.seed,
         counts_path=args.counts,
+        covariates=args.protect or (),
     )
 
 
@@ -480,10 +481,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
 
     p = commands.add_parser("baseline", help="run an established method on the data")
-    p.add_argument("--method", required=True, choices=["uncorrected", "combat", "harmony", "scvi"])
+    # baselines.METHODS, spelled out so that --help does not import numpy and anndata
+    p.add_argument(
+        "--method",
+        required=True,
+        choices=["uncorrected", "combat", "combat_mod", "harmony", "scvi", "sysvi"],
+    )
     p.add_argument("--matrix", required=True, help="ordered.parquet")
     p.add_argument("--samples", required=True)
     p.add_argument("--counts", default=None, help="counts.parquet (scVI)")
+    p.add_argument(
+        "--protect",
+        action="append",
+        metavar="COLUMN",
+        help="sample-sheet column whose effect combat_mod keeps (repeatable; combat_mod only)",
+    )
     p.add_argument("--batch-key", required=True)
     p.add_argument("--label-key", default=None)
     p.add_argument("--seed", type=int, default=0)
