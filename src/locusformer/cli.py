@@ -305,6 +305,15 @@ def _summarize(args: argparse.Namespace) -> None:
     summarize(dict(_pairs(args.metrics, "--metrics")), benchmarks, args.out)
 
 
+@_command("confounding")
+def _confounding(args: argparse.Namespace) -> None:
+    from .confounding import run_confounding
+
+    run_confounding(
+        args.matrix, args.samples, args.batch_key, args.label_key, args.out, seed=args.seed
+    )
+
+
 @_command("report")
 def _report(args: argparse.Namespace) -> None:
     from .report import render_dataset_report
@@ -322,6 +331,7 @@ def _report(args: argparse.Namespace) -> None:
         integrated=dict(_pairs(args.result, "--result")),
         attention_npz=args.attention,
         benchmark_files=benchmarks,
+        confounding_json=args.confounding,
         config=args.config,
         seed=args.seed,
         batch_key=args.batch_key,
@@ -339,7 +349,9 @@ def _index(args: argparse.Namespace) -> None:
         name: os.path.relpath(Path(path).resolve(), out_dir)
         for name, path in _pairs(args.report, "--report")
     }
-    render_index(args.summary, links, args.out)
+    render_index(
+        args.summary, links, args.out, confounding=dict(_pairs(args.confounding, "--confounding"))
+    )
 
 
 # -- simulation ----------------------------------------------------------------------------
@@ -527,6 +539,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark", action="append", help="DATASET/METHOD=benchmark.tsv")
     p.add_argument("--out", required=True)
 
+    p = commands.add_parser("confounding", help="how strongly batch predicts biology (JSON)")
+    p.add_argument("--matrix", required=True, help="normalized.parquet")
+    p.add_argument("--samples", required=True, help="samples.tsv")
+    p.add_argument("--batch-key", required=True)
+    p.add_argument("--label-key", default=None)
+    p.add_argument("--seed", type=int, default=0, help="seed of the PCA and its subsample")
+    p.add_argument("--out", required=True)
+
     p = commands.add_parser("report", help="one dataset's self-contained HTML report")
     p.add_argument("--dataset", required=True)
     p.add_argument("--metrics", required=True, help="metrics.tsv")
@@ -536,6 +556,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--result", action="append", help="METHOD=integrated.h5ad")
     p.add_argument("--attention", default=None, help="attention map .npz")
     p.add_argument("--benchmark", action="append", help="RULE=benchmark.tsv")
+    p.add_argument("--confounding", default=None, help="confounding.json (design check)")
     p.add_argument("--config", type=_json_arg, default={}, help="the run's configuration (JSON)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--batch-key", required=True)
@@ -546,6 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("index", help="results/index.html over all datasets")
     p.add_argument("--summary", required=True)
     p.add_argument("--report", action="append", required=True, help="DATASET=report.html")
+    p.add_argument("--confounding", action="append", help="DATASET=confounding.json")
     p.add_argument("--out", required=True)
 
     _add_simulate_parser(commands)

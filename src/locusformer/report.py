@@ -365,6 +365,79 @@ def _embedding_section(
     return {"available": bool(plots), "plots": plots}, obs
 
 
+def verdict(scores: pd.DataFrame) -> dict | None:
+    """Which method a dataset's scores crown, and the sentence that says so.
+
+    ``scores`` has one row per method with ``method``, ``total`` and ``status``. A
+    correction is crowned only when its total is above that of ``uncorrected``: a method
+    that scores below leaving the data as they are is never called the best, and when no
+    correction beats the uncorrected data the verdict says that leaving them uncorrected
+    scored best (a tie goes to the uncorrected data too: correcting gained nothing). This
+    matters most in a confounded design, where a correction can remove biology. None
+    when no method has a total.
+    """
+    ok = scores[(scores["status"] == "ok") & np.isfinite(scores["total"].astype(float))]
+    if ok.empty:
+        return None
+    totals = ok.set_index(ok["method"].astype(str))["total"].astype(float)
+    totals = totals[~totals.index.duplicated()]
+    uncorrected = totals.get("uncorrected")
+    corrections = totals.drop("uncorrected", errors="ignore")
+    best = str(corrections.idxmax()) if len(corrections) else None
+    best_total = float(corrections.max()) if len(corrections) else None
+    out = {
+        "uncorrected_total": None if uncorrected is None else float(uncorrected),
+        "best_correction": best,
+        "best_correction_total": best_total,
+    }
+    if uncorrected is None:
+        sentence = (
+            f"{best} scored best (total {best_total:.3f}); the uncorrected data have no total."
+        )
+        return {**out, "crowned": best, "uncorrected_best": False, "sentence": sentence}
+    if best is None or best_total <= uncorrected + 1e-12:
+        sentence = f"Leaving the data uncorrected scored best (total {uncorrected:.3f})"
+        sentence += (
+            f"; the best correction, {best}, scored {best_total:.3f}."
+            if best is not None
+            else ": no correction has a score."
+        )
+        return {**out, "crowned": "uncorrected", "uncorrected_best": True, "sentence": sentence}
+    sentence = f"{best} scored best (total {best_total:.3f}; uncorrected {uncorrected:.3f})."
+    return {**out, "crowned": best, "uncorrected_best": False, "sentence": sentence}
+
+
+def _confounding_section(confounding_json: PathLike | None) -> dict:
+    from locusformer.confounding import read_confounding
+
+    if confounding_json is None:
+        return {"available": False}
+    check = read_confounding(confounding_json)
+    pcs = check.get("pca") or {}
+    per = pcs.get("r2_per_pc") or []
+    var = pcs.get("variance_per_pc") or []
+    total_var = sum(v for v in var if v is not None)
+    pc_rows = [
+        {
+            "pc": i + 1,
+            "r2": r2,
+            "share": (v / total_var) if v is not None and total_var > 0 else None,
+        }
+        for i, (r2, v) in enumerate(zip(per, var, strict=False))
+    ][:10]
+    return {
+        "available": True,
+        "level": check["level"],
+        "reasons": [str(r) for r in check.get("reasons", [])],
+        "sentences": [str(r) for r in check.get("sentences", [])],
+        "labels": check.get("labels"),
+        "pca": pcs,
+        "pc_rows": pc_rows,
+        "batch_dominated": bool(check.get("batch_dominated")),
+        "thresholds": check.get("thresholds") or {},
+    }
+
+
 def _metrics_section(metrics_tsv: PathLike | None) -> dict:
     from locusformer.metrics import method_scores, read_metrics, wide_metrics
 
@@ -427,6 +500,7 @@ def _metrics_section(metrics_tsv: PathLike | None) -> dict:
         available=True,
         columns=columns,
         rows=rows,
+        verdict=verdict(scores.reset_index()),
         scatter=_png(fig),
         metric_errors=metric_errors,
         n_failed=len(failed),
@@ -542,6 +616,7 @@ def render_dataset_report(
     integrated: Mapping[str, PathLike] | None = None,
     attention_npz: PathLike | None = None,
     benchmark_files: Mapping[str, Paths] | None = None,
+    confounding_json: PathLike | None = None,
     config: Mapping[str, Any] | None = None,
     seed: int | None = None,
     batch_key: str = "batch",
@@ -556,7 +631,9 @@ def render_dataset_report(
 
     Every input is optional; a section without its input says so. ``integrated`` maps
     method -> integration result h5ad (``uncorrected`` is shown first);
-    ``benchmark_files`` maps rule -> Snakemake benchmark TSV(s); ``embedding`` is
+    ``benchmark_files`` maps rule -> Snakemake benchmark TSV(s); ``confounding_json`` is
+    the design check of :mod:`locusformer.confounding` (a confounded design is stated at
+    the top of the report); ``embedding`` is
     ``"auto"`` (UMAP from :data:`UMAP_MIN_SAMPLES` samples on, else PCA), ``"umap"`` or
     ``"pca"``.
     """
@@ -577,6 +654,7 @@ def render_dataset_report(
     )
     sections = {
         "summary": _summary_section(stats_json, obs, batch_key, label_key),
+        "confounding": _confounding_section(confounding_json),
         "loci": _loci_section(loci_parquet),
         "history": _history_section(history_tsv),
         "embeddings": emb_section,
@@ -622,6 +700,20 @@ def _write_figures(sections: Mapping[str, dict], figures_dir: Path) -> None:
                 tmp.write_bytes(data)
 
 
+def _design_summary(check: Mapping[str, Any]) -> dict:
+    labels = check.get("labels") or {}
+    pcs = check.get("pca") or {}
+    return {
+        "level": check["level"],
+        "cramers_v": labels.get("cramers_v"),
+        "share_labels_one_batch": labels.get("share_labels_one_batch"),
+        "weighted_r2": pcs.get("weighted_r2"),
+        "n_pcs": pcs.get("n_pcs"),
+        "batch_dominated": bool(check.get("batch_dominated")),
+        "reasons": [str(r) for r in check.get("reasons", [])],
+    }
+
+
 def _href(path: PathLike) -> str:
     href = str(path).replace(os.sep, "/")
     if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", href) or href.startswith("//"):
@@ -633,8 +725,17 @@ def render_index(
     summary_tsv: PathLike,
     report_links: Mapping[str, PathLike],
     out_html: PathLike,
+    confounding: Mapping[str, PathLike] | None = None,
 ) -> str:
-    """Write ``results/index.html``: links to every dataset report and the summary table."""
+    """Write ``results/index.html``: links to every dataset report and the summary table.
+
+    Per dataset, the method :func:`verdict` crowns is marked (never a correction scoring
+    below the uncorrected data) and said in words; ``confounding`` maps dataset -> its
+    design check (:mod:`locusformer.confounding`), shown beside the dataset.
+    """
+    from locusformer.confounding import read_confounding
+
+    designs = {str(k): read_confounding(v) for k, v in (confounding or {}).items()}
     summary = _read_table(summary_tsv, "summary")
     needed = ["dataset", "method", "batch", "bio", "total", "status"]
     missing = [c for c in needed if c not in summary.columns]
@@ -651,16 +752,26 @@ def render_index(
     groups = []
     for ds in datasets:
         sub = summary[summary["dataset"] == ds]
-        ok = sub[sub["status"] == "ok"]
-        best = ok["total"].max() if len(ok) and ok["total"].notna().any() else None
+        crowned = verdict(sub)
         rows = [
             {
                 **rec,
-                "best": best is not None and rec["status"] == "ok" and rec["total"] >= best - 1e-12,
+                "best": crowned is not None
+                and rec["status"] == "ok"
+                and rec["method"] == crowned["crowned"],
             }
             for rec in sub.to_dict("records")
         ]
-        groups.append({"dataset": ds, "href": links.get(ds), "rows": rows})
+        design = designs.get(ds)
+        groups.append(
+            {
+                "dataset": ds,
+                "href": links.get(ds),
+                "rows": rows,
+                "verdict": crowned,
+                "design": None if design is None else _design_summary(design),
+            }
+        )
     return _render(
         "index.html",
         out_html,
