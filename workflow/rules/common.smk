@@ -194,7 +194,14 @@ def get_benchmarks():
     return pairs
 
 
-REPORT_STEPS = ["normalize", "order_loci", "train", "correct", "attention_map"]
+REPORT_STEPS = [
+    "normalize",
+    "confounding",
+    "order_loci",
+    "train",
+    "correct",
+    "attention_map",
+]
 
 
 def get_report_inputs(wildcards):
@@ -202,6 +209,7 @@ def get_report_inputs(wildcards):
     return {
         "metrics": f"results/{name}/metrics.tsv",
         "stats": f"results/{name}/stats/normalize.json",
+        "confounding": f"results/{name}/confounding.json",
         "loci": f"results/{name}/loci.parquet",
         "history": f"results/{name}/model/history.tsv",
         "attention": f"results/{name}/model/attention.npz",

@@ -23,6 +23,34 @@ rule attention_map:
         " --out {output:q} 2> {log:q}"
 
 
+rule confounding:
+    input:
+        matrix="results/{dataset}/normalized.parquet",
+        samples="results/{dataset}/samples.tsv",
+    output:
+        report(
+            "results/{dataset}/confounding.json",
+            caption="../report/confounding.rst",
+            category="Design check",
+            subcategory="{dataset}",
+        ),
+    log:
+        "logs/{dataset}/confounding.log",
+    benchmark:
+        "benchmarks/out/{dataset}/confounding.tsv"
+    conda:
+        "../envs/locusformer.yaml"
+    threads: 2
+    params:
+        batch_key=get_batch_key,
+        label=get_label_arg,
+        seed=SEED,
+    shell:
+        "OMP_NUM_THREADS={threads} python -m locusformer confounding --matrix {input.matrix:q}"
+        " --samples {input.samples:q} --batch-key {params.batch_key} {params.label}"
+        " --seed {params.seed} --out {output:q} 2> {log:q}"
+
+
 rule report:
     input:
         unpack(get_report_inputs),
@@ -57,7 +85,8 @@ rule report:
     shell:
         "python -m locusformer report --dataset {wildcards.dataset} --metrics {input.metrics:q}"
         " --stats {input.stats:q} --loci {input.loci:q} --history {input.history:q}"
-        " --attention {input.attention:q} {params.results} {params.benchmarks}"
+        " --attention {input.attention:q} --confounding {input.confounding:q}"
+        " {params.results} {params.benchmarks}"
         " --config {params.run_config} --seed {params.seed} --batch-key {params.batch_key}"
         " {params.label} --figures {output.figures:q} --out {output.html:q} 2> {log:q}"
 
@@ -66,6 +95,7 @@ rule index:
     input:
         summary="results/summary.tsv",
         reports=expand("results/{dataset}/report.html", dataset=DATASETS.index),
+        confounding=expand("results/{dataset}/confounding.json", dataset=DATASETS.index),
     output:
         report(
             "results/index.html",
@@ -84,6 +114,10 @@ rule index:
             f"--report {shlex.quote(f'{name}=results/{name}/report.html')}"
             for name in DATASETS.index
         ],
+        confounding=[
+            f"--confounding {shlex.quote(f'{name}=results/{name}/confounding.json')}"
+            for name in DATASETS.index
+        ],
     shell:
         "python -m locusformer index --summary {input.summary:q} {params.reports}"
-        " --out {output:q} 2> {log:q}"
+        " {params.confounding} --out {output:q} 2> {log:q}"
