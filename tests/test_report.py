@@ -333,3 +333,45 @@ def test_index_links_every_report(tmp_path: Path, dataset) -> None:
         report.render_index(
             tmp_path / "summary.tsv", {"x": "https://example.org/r.html"}, tmp_path / "i2.html"
         )
+
+
+def test_a_method_that_used_labels_says_so_in_the_table(tmp_path: Path) -> None:
+    adata = synthetic(n_per=8, genes=30)
+    adata = adata[adata.obs["batch"] != EVIL_BATCH].copy()
+    adata.obs["cell_type"] = adata.obs["cell_type"].astype(str).replace(EVIL_LABEL, "t2")
+    frame = pd.DataFrame(adata.X, index=adata.obs_names, columns=adata.var_names)
+    frame.rename_axis("sample_id").to_parquet(tmp_path / "ordered.parquet")
+    adata.obs.rename_axis("sample_id").reset_index().to_csv(
+        tmp_path / "samples.tsv", sep="\t", index=False
+    )
+    integrated = {m: tmp_path / f"{m}.h5ad" for m in ("uncorrected", "combat_mod")}
+    for method, path in integrated.items():
+        run_baseline(
+            method,
+            tmp_path / "ordered.parquet",
+            tmp_path / "samples.tsv",
+            "batch",
+            "cell_type",
+            path,
+            seed=0,
+            covariates=["cell_type"] if method == "combat_mod" else (),
+        )
+    # scores made up (the real ones take a minute): only the names are under test
+    rows = [
+        {"method": m, "metric": name, "type": kind, "value": v, "status": "ok", "error": ""}
+        for m, v in (("uncorrected", 0.4), ("combat_mod", 0.6))
+        for name, kind in metrics.metric_names(True)
+    ]
+    pd.DataFrame(rows, columns=metrics.COLUMNS).to_csv(
+        tmp_path / "metrics.tsv", sep="\t", index=False
+    )
+    html = report.render_dataset_report(
+        tmp_path / "r.html",
+        dataset="d",
+        metrics_tsv=tmp_path / "metrics.tsv",
+        integrated=integrated,
+        label_key="cell_type",
+    )
+    # the metrics table names the labels combat_mod kept; files and metrics keep its key
+    assert '<td class="name">combat_mod (mod: cell_type)</td>' in html
+    assert '<td class="name">uncorrected</td>' in html

@@ -329,11 +329,14 @@ def _embedding_section(
     from locusformer.metrics import read_result
 
     plots = []
+    names: dict[str, str] = {}
     obs = None
     methods = sorted(integrated, key=lambda m: (m != "uncorrected",))
     plt = _plt()
     for method in methods:
         result = read_result(integrated[method])
+        if result.uns.get("display_name"):  # combat_mod: says which labels it kept
+            names[method] = str(result.uns["display_name"])
         if method == "uncorrected" or obs is None:
             obs = result.obs
         status = str(result.uns.get("status", "ok"))
@@ -362,7 +365,7 @@ def _embedding_section(
                 "axis": "UMAP" if axis == "UMAP" else "PCA",
             }
         )
-    return {"available": bool(plots), "plots": plots}, obs
+    return {"available": bool(plots), "plots": plots, "names": names}, obs
 
 
 def verdict(scores: pd.DataFrame) -> dict | None:
@@ -438,8 +441,11 @@ def _confounding_section(confounding_json: PathLike | None) -> dict:
     }
 
 
-def _metrics_section(metrics_tsv: PathLike | None) -> dict:
+def _metrics_section(metrics_tsv: PathLike | None, names: Mapping[str, str] | None = None) -> dict:
     from locusformer.metrics import method_scores, read_metrics, wide_metrics
+
+    # method -> how the table shows it, so that a method that used labels says so
+    names = dict(names or {})
 
     section: dict[str, Any] = {"available": False}
     if metrics_tsv is None:
@@ -466,12 +472,20 @@ def _metrics_section(metrics_tsv: PathLike | None) -> dict:
             v = wide.loc[method, m]
             is_best = best[m] is not None and np.isfinite(v) and v >= best[m] - 1e-12
             cells.append({"value": v, "best": bool(is_best)})
-        rows.append({"rank": rank, "method": method, "cells": cells, "failed": False, "error": ""})
+        rows.append(
+            {
+                "rank": rank,
+                "method": names.get(method, method),
+                "cells": cells,
+                "failed": False,
+                "error": "",
+            }
+        )
     for method in failed:
         rows.append(
             {
                 "rank": None,
-                "method": method,
+                "method": names.get(method, method),
                 "cells": [],
                 "failed": True,
                 "error": scores.loc[method, "error"],
@@ -488,7 +502,8 @@ def _metrics_section(metrics_tsv: PathLike | None) -> dict:
     pts = scores.loc[ok, ["batch", "bio"]].dropna()
     ax.scatter(pts["batch"], pts["bio"], s=40, color="#dd8452", zorder=3)
     for method, (bx, by) in pts.iterrows():
-        ax.annotate(_mpl(method), (bx, by), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        label = _mpl(names.get(method, method))
+        ax.annotate(label, (bx, by), textcoords="offset points", xytext=(5, 4), fontsize=8)
     ax.set_xlabel("batch correction score")
     ax.set_ylabel("bio conservation score")
     lo = min([0.0, *pts["batch"], *pts["bio"]]) if len(pts) else 0.0
@@ -658,7 +673,7 @@ def render_dataset_report(
         "loci": _loci_section(loci_parquet),
         "history": _history_section(history_tsv),
         "embeddings": emb_section,
-        "metrics": _metrics_section(metrics_tsv),
+        "metrics": _metrics_section(metrics_tsv, emb_section.get("names")),
         "attention": _attention_section(attention_npz),
         "runtime": _runtime_section(benchmark_files),
     }
