@@ -26,9 +26,9 @@ import torch
 from scale import attention_flops_per_sample, flops_by_op, matmul_kernels, matmul_throughput
 
 import locusformer
-from locusformer import model as model_module
+from locusformer import attention as model_module
+from locusformer.checkpoint import load_model
 from locusformer.correct import CHUNK_SIZE, iter_correct
-from locusformer.train import load_model
 
 
 def main() -> None:

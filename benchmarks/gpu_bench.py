@@ -134,33 +134,34 @@ def fmt(value: float | None, spec: str) -> str:
 
 
 def _train_step(torch, model, optimizer, x, b, device) -> Callable[[], None]:
-    """One training step as train.py takes it: every loss, backward, clipping, AdamW."""
-    import torch.nn.functional as F
+    """One training step as train.py takes it: the model's loss at the default weights
+    at full ramp, backward, clipping, AdamW."""
+    from locusformer.config import TrainConfig
+    from locusformer.runtime import autocast
+    from locusformer.schedule import loss_weights
 
-    from locusformer.model import batch_mean_distance, batch_mmd
-    from locusformer.train import autocast
-
-    n = model.n_batches
+    tc = TrainConfig()
+    weights = loss_weights(tc, 1.0)
+    prior = torch.full((model.n_batches,), 1.0 / model.n_batches, device=device)
 
     def step() -> None:
         with autocast(device):
-            out = model(x, b, adversary_weight=0.1)
-        recon = F.mse_loss(out.recon.float(), x)
-        adversary = F.cross_entropy(out.batch_logits.float(), b)
-        total = recon + adversary + batch_mean_distance(out.latent, b, n)
-        total = total + 0.1 * batch_mmd(out.latent, b, n)
+            out = model(x, b, adversary_weight=weights.confusion, adversary=tc.adversary)
+        loss = model.loss(x, b, out, weights, prior)
         optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        loss.total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
         optimizer.step()
 
     return step
 
 
 def bench_training_steps(torch, device, args, peak: float | None) -> list[dict]:
-    from locusformer.model import LocusFormer, ModelConfig, build_layout
+    from locusformer.config import ModelConfig, TrainConfig
+    from locusformer.layout import build_layout
+    from locusformer.model import LocusFormer
+    from locusformer.schedule import configure_optimizer
     from locusformer.simulate import simulate
-    from locusformer.train import TrainConfig, configure_optimizer
 
     sim = simulate(n_samples=args.samples, n_loci=args.loci, n_batches=3, seed=0)
     tc = TrainConfig()
@@ -171,7 +172,7 @@ def bench_training_steps(torch, device, args, peak: float | None) -> list[dict]:
             overrides, batch_size = {**overrides, "d_model": 32, "n_layers": 1}, 16
         mc = ModelConfig(**{**overrides, "n_heads": overrides.get("n_heads", 4)})
         layout = build_layout(sim.loci, mc.patch_size, mc.position_scale, mc.coordinate_unit)
-        model = LocusFormer(mc, layout, ["b0", "b1", "b2"]).to(device).train()
+        model = LocusFormer(mc, layout, n_batches=3).to(device).train()
         optimizer = configure_optimizer(model, tc)
         g = torch.Generator().manual_seed(0)
         idx = torch.randint(0, len(sim.X), (batch_size,), generator=g)
@@ -207,9 +208,9 @@ def bench_training_steps(torch, device, args, peak: float | None) -> list[dict]:
 
 
 def bench_train_corrector(torch, device, args) -> list[dict]:
-    from locusformer.model import ModelConfig
+    from locusformer.config import ModelConfig, TrainConfig
     from locusformer.simulate import simulate
-    from locusformer.train import TrainConfig, train_corrector
+    from locusformer.train import train_corrector
 
     sim = simulate(n_samples=args.samples, n_loci=args.loci, n_batches=3, seed=0)
     labels = [f"batch{b}" for b in sim.batch]
@@ -257,7 +258,7 @@ def attention_flops(batch: int, tokens: int, d_model: int) -> int:
 
 
 def bench_attention(torch, device, args, peak: float | None) -> list[dict]:
-    from locusformer.model import MultiHeadSelfAttention
+    from locusformer.attention import MultiHeadSelfAttention
 
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     rows = []

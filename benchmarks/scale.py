@@ -178,9 +178,9 @@ def forward_flops(work: Path, chunk_size: int, threads: int) -> dict:
     """
     import torch
 
-    from locusformer import model as model_module
+    from locusformer import attention as model_module
+    from locusformer.checkpoint import load_model
     from locusformer.correct import iter_correct
-    from locusformer.train import load_model
 
     torch.set_num_threads(threads)
     model = load_model(work / "model.pt", work / "model.json")
@@ -266,7 +266,7 @@ def flops_by_op(model: Any, X: np.ndarray, labels: list, chunk_size: int) -> dic
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    from locusformer import model as model_module
+    from locusformer import attention as model_module
     from locusformer.correct import iter_correct
 
     # getattr: an older checkout, measured alike, has no such switch.

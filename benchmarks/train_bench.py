@@ -17,7 +17,7 @@ import statistics
 
 import torch
 
-from locusformer.model import ModelConfig
+from locusformer.config import ModelConfig
 from locusformer.simulate import simulate
 from locusformer.train import TrainConfig, resolve_device, train_corrector
 
@@ -56,7 +56,7 @@ def main() -> None:
         )
         seconds = history["seconds"].tolist()
         per_epoch = statistics.median(seconds[1:] if len(seconds) > 1 else seconds)
-        params = sum(p.numel() for p in model.parameters())
+        params = sum(p.numel() for p in model.module.parameters())
         print(
             f"| {patch_size} | {model.n_tokens} | {params:,} | {per_epoch:.2f} | "
             f"{n_train / per_epoch:.0f} |",

@@ -98,7 +98,7 @@ def test_two_processes_train_what_one_process_trains(tmp_path):
 
     a = load_model(tmp_path / "one" / "model.pt", tmp_path / "one" / "model.json")
     b = load_model(tmp_path / "two" / "model.pt", tmp_path / "two" / "model.json")
-    sa, sb = a.state_dict(), b.state_dict()
+    sa, sb = a.module.state_dict(), b.module.state_dict()
     assert sa.keys() == sb.keys()
     diff = {k: (sa[k].float() - sb[k].float()).abs() for k in sa}
     for key, d in diff.items():
@@ -112,9 +112,9 @@ def test_two_processes_train_what_one_process_trains(tmp_path):
     assert any(k.startswith("discriminator.") for k in sa)
     # And the two models compute the same.
     sim = simulate(n_samples=96, n_loci=60, n_batches=3, seed=3)
-    x, codes = a.standardize(torch.from_numpy(sim.X)), torch.from_numpy(sim.batch)
+    x, codes = a.module.standardize(torch.from_numpy(sim.X)), torch.from_numpy(sim.batch)
     with torch.no_grad():
-        out_a, out_b = a(x, codes), b(x, codes)
+        out_a, out_b = a.module(x, codes), b.module(x, codes)
     for field in ("latent", "recon", "batch_logits"):
         torch.testing.assert_close(
             getattr(out_a, field), getattr(out_b, field), rtol=1e-4, atol=1e-5
@@ -158,7 +158,7 @@ def test_devices_is_validated_and_left_out_of_the_fingerprint():
     with pytest.raises(InputError, match="devices"):
         TrainConfig.from_dict({"devices": 0})
     sim = simulate(n_samples=20, n_loci=16, n_batches=2, seed=0)
-    from locusformer.model import ModelConfig
+    from locusformer.config import ModelConfig
 
     args = (sim.X, ["a"] * 10 + ["b"] * 10, sim.loci, ModelConfig())
     one = fingerprint(*args, TrainConfig(), 0)

@@ -10,24 +10,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from locusformer import model as model_module
+from locusformer import attention as attention_module
+from locusformer.attention import linear
+from locusformer.config import ModelConfig, TrainConfig
 from locusformer.errors import InputError
+from locusformer.layout import build_layout
 from locusformer.model import (
     UNPLACED,
     LocusFormer,
-    ModelConfig,
     batch_mean_distance,
     batch_mmd,
-    build_layout,
     chromosome_code,
     confusion_loss,
     grad_reverse,
-    linear,
     masked_mean,
     sinusoidal_encoding,
 )
 from locusformer.simulate import simulate
-from locusformer.train import TrainConfig
 
 
 def loci_table() -> pd.DataFrame:
@@ -94,7 +93,7 @@ def test_without_position_identity_or_chromosome_the_encoder_is_permutation_equi
         patch_size=1, positional_encoding=False, chromosome_embedding=False, locus_embedding="none"
     )
     torch.manual_seed(0)
-    model = LocusFormer(config, build_layout(loci_table(), 1), ["a", "b"]).eval()
+    model = LocusFormer(config, build_layout(loci_table(), 1), 2).eval()
     x = torch.randn(3, 10)
     perm = torch.randperm(10)
     with torch.no_grad():
@@ -111,7 +110,7 @@ def test_each_identity_signal_breaks_equivariance(switch: dict) -> None:
     off = {"positional_encoding": False, "chromosome_embedding": False, "locus_embedding": "none"}
     config = tiny_config(patch_size=1, **{**off, **switch})
     torch.manual_seed(0)
-    model = LocusFormer(config, build_layout(loci_table(), 1), ["a", "b"]).eval()
+    model = LocusFormer(config, build_layout(loci_table(), 1), 2).eval()
     if model.embed.locus_vector is not None:  # starts at zero; give it something
         torch.nn.init.normal_(model.embed.locus_vector)
     x = torch.randn(3, 10)
@@ -124,7 +123,7 @@ def test_each_identity_signal_breaks_equivariance(switch: dict) -> None:
 
 def test_forward_shapes_and_standardization_round_trip() -> None:
     sim = simulate(n_samples=8, n_loci=30, seed=0)
-    model = LocusFormer(tiny_config(), build_layout(sim.loci, 2), ["a", "b", "c"])
+    model = LocusFormer(tiny_config(), build_layout(sim.loci, 2), 3)
     X = torch.from_numpy(sim.X)
     std = X.std(0)
     std[3] = 0.0  # a constant gene must not divide by zero
@@ -142,22 +141,22 @@ def test_forward_shapes_and_standardization_round_trip() -> None:
 def test_state_dict_round_trip_rebuilds_the_layout() -> None:
     sim = simulate(n_samples=4, n_loci=30, seed=1)
     config = tiny_config(position_scale="coordinate")
-    model = LocusFormer(config, build_layout(sim.loci, 2, "coordinate"), ["a", "b"]).eval()
-    again = LocusFormer.from_state_dict(config, model.state_dict(), ["a", "b"]).eval()
+    model = LocusFormer(config, build_layout(sim.loci, 2, "coordinate"), 2).eval()
+    again = LocusFormer.from_state_dict(config, model.state_dict(), 2).eval()
     x, b = torch.randn(4, 30), torch.tensor([0, 1, 0, 1])
     with torch.no_grad():
         torch.testing.assert_close(again(x, b).recon, model(x, b).recon, atol=0, rtol=0)
 
 
 def test_reference_condition() -> None:
-    model = LocusFormer(tiny_config(), build_layout(loci_table(), 2), ["a", "b"])
-    mean = model.reference_condition("mean", 3, torch.device("cpu"))
+    model = LocusFormer(tiny_config(), build_layout(loci_table(), 2), 2)
+    mean = model.reference_condition(None, 3, torch.device("cpu"))
     torch.testing.assert_close(mean, torch.full((3, 2), 0.5))
     torch.testing.assert_close(
-        model.reference_condition("b", 1, torch.device("cpu")), torch.tensor([[0.0, 1.0]])
+        model.reference_condition(1, 1, torch.device("cpu")), torch.tensor([[0.0, 1.0]])
     )
-    with pytest.raises(InputError, match=r"unknown batch 'c' \(valid: mean, a, b\)"):
-        model.reference_condition("c", 1, torch.device("cpu"))
+    with pytest.raises(ValueError, match="batch code 2 out of range for 2 batches"):
+        model.reference_condition(2, 1, torch.device("cpu"))
 
 
 def test_gradient_reversal_flips_and_scales_the_gradient() -> None:
@@ -174,7 +173,7 @@ def test_confusion_mode_splits_the_gradients_between_encoder_and_discriminator()
     """The discriminator learns from batch_logits only, the encoder from the confusion
     logits only; "reversal" sends the discriminator's gradient into the encoder."""
     torch.manual_seed(0)
-    model = LocusFormer(tiny_config(), build_layout(loci_table(), 2), ["a", "b"])
+    model = LocusFormer(tiny_config(), build_layout(loci_table(), 2), 2)
     x, b = torch.randn(6, 10), torch.tensor([0, 1, 0, 1, 0, 1])
     prior = torch.tensor([0.5, 0.5])
 
@@ -282,7 +281,7 @@ def test_batch_terms_match_plain_loop_versions() -> None:
     torch.testing.assert_close(batch_mean_distance(z, batch, 4), want)
 
 
-onednn_only = pytest.mark.skipif(not model_module.ONEDNN, reason="this torch has no oneDNN")
+onednn_only = pytest.mark.skipif(not attention_module.ONEDNN, reason="this torch has no oneDNN")
 
 
 @onednn_only
@@ -292,7 +291,7 @@ def test_the_onednn_linear_equals_the_plain_one(gelu: bool, monkeypatch) -> None
     x = torch.randn(3, 7, 64)
     with torch.inference_mode():
         fast = linear(x, layer, gelu=gelu)
-        monkeypatch.setattr(model_module, "ONEDNN", False)
+        monkeypatch.setattr(attention_module, "ONEDNN", False)
         plain = linear(x, layer, gelu=gelu)
     expected = F.gelu(layer(x)) if gelu else layer(x)
     torch.testing.assert_close(plain, expected.detach(), atol=0, rtol=0)
@@ -314,11 +313,11 @@ def test_inference_takes_the_onednn_kernel_and_training_the_plain_one() -> None:
 @onednn_only
 def test_a_model_corrects_alike_with_and_without_onednn(monkeypatch) -> None:
     sim = simulate(n_samples=16, n_loci=60, seed=2)
-    model = LocusFormer(tiny_config(), build_layout(sim.loci, 4), ["a", "b"]).eval()
+    model = LocusFormer(tiny_config(), build_layout(sim.loci, 4), 2).eval()
     x, b = torch.from_numpy(sim.X), torch.tensor([0, 1] * 8)
     with torch.inference_mode():
         fast = model(model.standardize(x), b)
-        monkeypatch.setattr(model_module, "ONEDNN", False)
+        monkeypatch.setattr(attention_module, "ONEDNN", False)
         plain = model(model.standardize(x), b)
     torch.testing.assert_close(fast.recon, plain.recon, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(fast.latent, plain.latent, atol=1e-5, rtol=1e-4)

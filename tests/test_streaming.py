@@ -271,7 +271,7 @@ def test_correct_streams_blocks_into_all_three_outputs(tmp_path, tiny_model, mon
     pd.DataFrame({"sample_id": ids, "batch": labels, "group": sim.group}).to_csv(
         tmp_path / "samples.tsv", sep="\t", index=False
     )
-    save_model(model, tmp_path / "model.pt", tmp_path / "model.json", loci=sim.loci)
+    save_model(model, tmp_path / "model.pt", tmp_path / "model.json")
     blocks = []
     whole_correct = locusformer.correct.correct
 
@@ -350,7 +350,7 @@ def test_correct_fails_whole_when_a_late_block_fails(tmp_path, tiny_model, monke
     pd.DataFrame({"sample_id": ids, "batch": labels}).to_csv(
         tmp_path / "samples.tsv", sep="\t", index=False
     )
-    save_model(model, tmp_path / "model.pt", tmp_path / "model.json", loci=sim.loci)
+    save_model(model, tmp_path / "model.pt", tmp_path / "model.json")
     if where == "reader":
         real_reader = locusformer.correct.iter_matrix_parquet
 
@@ -431,7 +431,7 @@ def test_training_from_disk_gives_what_training_in_memory_gives(tmp_path, monkey
             "batch", params, out / "model.pt", out / "model.json", out / "history.tsv",
             out / "ckpt.pt", seed=7, device="cpu", progress=False,
         )  # fmt: skip
-        return model.state_dict(), pd.read_csv(out / "history.tsv", sep="\t")
+        return model.module.state_dict(), pd.read_csv(out / "history.tsv", sep="\t")
 
     memory_state, memory_history = train("never", tmp_path / "memory")
     assert made == []
@@ -456,7 +456,7 @@ def test_the_attention_map_reads_only_the_samples_it_averages(tmp_path, tiny_mod
     pd.DataFrame({"sample_id": ids, "batch": labels}).to_csv(
         tmp_path / "samples.tsv", sep="\t", index=False
     )
-    save_model(model, tmp_path / "model.pt", tmp_path / "model.json", loci=sim.loci)
+    save_model(model, tmp_path / "model.pt", tmp_path / "model.json")
     run_attention(
         tmp_path / "ordered.parquet", None, tmp_path / "samples.tsv", "batch",
         tmp_path / "model.pt", tmp_path / "model.json", tmp_path / "attn.npz",

@@ -18,6 +18,7 @@ from locusformer.simulate import simulate
 from locusformer.train import (
     HISTORY_COLUMNS,
     TrainConfig,
+    TrainedModel,
     TrainingDivergedError,
     _validate,
     load_model,
@@ -70,8 +71,8 @@ def run(data, tmp: Path | None = None, seed: int = 0, **kwargs):
     )
 
 
-def same_state(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    sa, sb = a.state_dict(), b.state_dict()
+def same_state(a: TrainedModel, b: TrainedModel) -> bool:
+    sa, sb = a.module.state_dict(), b.module.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
@@ -162,8 +163,8 @@ def test_returns_the_best_weights(data) -> None:
     batch_names = sorted(set(labels))
     codes = np.array([batch_names.index(b) for b in labels])
     _, val = stratified_split(codes, 0.2, 0)
-    Xs = model.standardize(torch.from_numpy(X))
-    val_recon = _validate(model, Xs, torch.from_numpy(codes), val, 16, torch.device("cpu"))[
+    Xs = model.module.standardize(torch.from_numpy(X))
+    val_recon = _validate(model.module, Xs, torch.from_numpy(codes), val, 16, torch.device("cpu"))[
         "val_recon"
     ]
     assert val_recon == pytest.approx(history["val_recon"].min(), rel=1e-5)
@@ -198,7 +199,7 @@ def test_exploding_loss_raises_training_diverged(data) -> None:
 def test_save_load_correct_is_identical(data, tmp_path: Path) -> None:
     X, labels, loci = data
     model, _ = run(data, seed=4)
-    save_model(model, tmp_path / "w.pt", tmp_path / "c.json", loci=loci)
+    save_model(model, tmp_path / "w.pt", tmp_path / "c.json")
     config = json.loads((tmp_path / "c.json").read_text())
     assert config["seed"] == 4 and config["n_loci"] == 60
     assert config["batch_names"] == ["batch0", "batch1", "batch2"]
@@ -282,4 +283,6 @@ def test_compiled_encoder_trains_like_the_eager_one(data, tmp_path: Path) -> Non
     # differences of ~1e-3 within two epochs, so the weights are not compared)
     for column in ("train_recon", "train_total", "val_recon"):
         np.testing.assert_allclose(h_compiled[column], h_eager[column], rtol=1e-4)
-    assert compiled.state_dict().keys() == eager.state_dict().keys()  # no _orig_mod. prefix
+    assert (
+        compiled.module.state_dict().keys() == eager.module.state_dict().keys()
+    )  # no _orig_mod. prefix

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import __version__
-from .errors import InputError
+from .errors import InputError, TrainingDivergedError
 
 log = logging.getLogger("locusformer")
 
@@ -586,6 +586,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as exc:
         _error(args.command, str(exc))
         return 2
+    except TrainingDivergedError as exc:
+        # Valid input, a run gone wrong: a lower learning rate or another seed may help.
+        _error(args.command, f"{exc}; try a lower training.lr or another seed")
+        return 3
     except OSError as exc:
         # Disk full, no permission, a vanished file: one line that names the path.
         reason = exc.strerror or str(exc) or type(exc).__name__

@@ -1,4 +1,5 @@
-"""Applying a trained :class:`~locusformer.model.LocusFormer`, and the file-level steps.
+"""Applying a trained model (:class:`~locusformer.checkpoint.TrainedModel`), and the
+file-level steps.
 
 ``correct`` decodes every sample as if it came from the reference batch (a named batch,
 or "mean": the average of all batch conditionings). It streams in chunks under
@@ -23,6 +24,8 @@ import pandas as pd
 import torch
 
 from locusformer import atomic
+from locusformer.checkpoint import TrainedModel, load_model
+from locusformer.data import as_matrix, read_batches
 from locusformer.errors import InputError
 from locusformer.io import (
     iter_matrix_parquet,
@@ -30,17 +33,11 @@ from locusformer.io import (
     open_matrix_parquet,
     rows_per_chunk,
 )
-from locusformer.model import CHROMOSOMES, LocusFormer
-from locusformer.train import (
-    as_matrix,
-    autocast,
-    load_model,
-    read_batches,
-    resolve_device,
-)
+from locusformer.model import CHROMOSOMES
+from locusformer.runtime import autocast, resolve_device
 
 
-def batch_codes(model: LocusFormer, batch_labels: Sequence[Any]) -> np.ndarray:
+def batch_codes(model: TrainedModel, batch_labels: Sequence[Any]) -> np.ndarray:
     """Batch names -> codes of the model; a batch not seen in training is an InputError."""
     index = {name: i for i, name in enumerate(model.batch_names)}
     labels = [str(b) for b in batch_labels]
@@ -54,14 +51,14 @@ def batch_codes(model: LocusFormer, batch_labels: Sequence[Any]) -> np.ndarray:
     return np.array([index[b] for b in labels], dtype=np.int64)
 
 
-def _check_reference(model: LocusFormer, reference: str) -> None:
+def _check_reference(model: TrainedModel, reference: str) -> None:
     if reference != "mean" and reference not in model.batch_names:
         valid = ", ".join(["mean", *model.batch_names])
         raise InputError("reference", f"unknown batch {reference!r} (valid: {valid})")
 
 
 def _prepare(
-    model: LocusFormer, X: Any, batch_labels: Sequence[Any]
+    model: TrainedModel, X: Any, batch_labels: Sequence[Any]
 ) -> tuple[np.ndarray, np.ndarray]:
     X = as_matrix(X)
     if X.shape[1] != model.n_loci:
@@ -84,7 +81,7 @@ CHUNK_SIZE = 64
 
 
 def iter_correct(
-    model: LocusFormer,
+    model: TrainedModel,
     X: np.ndarray | pd.DataFrame,
     batch_labels: Sequence[Any],
     *,
@@ -111,22 +108,24 @@ def iter_correct(
     if chunk_size < 1:
         raise InputError("chunk_size", f"must be >= 1, got {chunk_size}")
     dev = resolve_device(device)
-    was_training = model.training
-    model.eval().to(dev)
+    net = model.module
+    ref_code = None if reference == "mean" else model.batch_names.index(reference)
+    was_training = net.training
+    net.eval().to(dev)
 
     def run(rows: slice) -> tuple[slice, np.ndarray, np.ndarray]:
         # inference_mode and autocast are per thread: entered here, in the worker.
         with torch.inference_mode():
             x = torch.from_numpy(X[rows]).to(dev)  # (k, L) raw log-expression
             b = torch.from_numpy(codes[rows]).to(dev)  # (k,)
-            xs = model.standardize(x)
+            xs = net.standardize(x)
             with autocast(dev):
-                z, _ = model.encode(xs)  # (k, Z)
-                ref = model.reference_condition(reference, len(x), dev)
-                out = model.decode(z, ref).float()  # (k, L) standardized
+                z, _ = net.encode(xs)  # (k, Z)
+                ref = net.reference_condition(ref_code, len(x), dev)
+                out = net.decode(z, ref).float()  # (k, L) standardized
                 if add_residual:
-                    out = out + (xs - model.decode(z, model.condition(b)).float())
-            corrected = model.unstandardize(out.float())  # un-standardize in fp32
+                    out = out + (xs - net.decode(z, net.condition(b)).float())
+            corrected = net.unstandardize(out.float())  # un-standardize in fp32
             return rows, corrected.cpu().numpy(), z.float().cpu().numpy()
 
     chunks = [slice(a, min(a + chunk_size, len(X))) for a in range(0, len(X), chunk_size)]
@@ -145,7 +144,7 @@ def iter_correct(
                 while pending:
                     yield pending.popleft().result()
     finally:
-        model.train(was_training)
+        net.train(was_training)
 
 
 @contextlib.contextmanager
@@ -160,7 +159,7 @@ def _one_thread_per_op() -> Iterator[None]:
 
 
 def correct(
-    model: LocusFormer,
+    model: TrainedModel,
     X: np.ndarray | pd.DataFrame,
     batch_labels: Sequence[Any],
     *,
@@ -199,7 +198,7 @@ def correct(
 
 
 def attention_map(
-    model: LocusFormer,
+    model: TrainedModel,
     X: np.ndarray | pd.DataFrame,
     batch_labels: Sequence[Any],
     max_samples: int = 256,
@@ -216,18 +215,19 @@ def attention_map(
     # Keep one chunk's weights (k x layers x H x T x T floats) near 256 MB.
     per_sample = model.config.n_layers * H * T * T * 4
     chunk = max(1, int(2**28 // per_sample))
-    dev = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
+    net = model.module
+    dev = next(net.parameters()).device
+    was_training = net.training
+    net.eval()
     try:
         with torch.inference_mode():
             for start in range(0, len(order), chunk):
                 rows = order[start : start + chunk]
-                x = model.standardize(torch.from_numpy(X[rows]).to(dev))
-                _, weights = model.encode(x, need_weights=True)
+                x = net.standardize(torch.from_numpy(X[rows]).to(dev))
+                _, weights = net.encode(x, need_weights=True)
                 total += torch.stack([w.sum(dim=0) for w in weights]).double().cpu()
     finally:
-        model.train(was_training)
+        net.train(was_training)
     return (total / max(1, len(order))).float().numpy()
 
 
@@ -240,12 +240,12 @@ def _round_robin(codes: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------
-# File-level step for the CLI (training's is train.run_train)
+# File-level steps for the CLI (training's is train.run_train)
 # --------------------------------------------------------------------------------------
 
 
 def write_attention(
-    model: LocusFormer,
+    model: TrainedModel,
     X: np.ndarray,
     batch_labels: Sequence[Any],
     path: str | os.PathLike,
@@ -257,14 +257,14 @@ def write_attention(
     names ("unplaced" for the rest), ``token_position`` (T,) the encoded positions.
     """
     attn = attention_map(model, X, batch_labels, max_samples=max_samples)
-    codes = model.embed.token_chrom.cpu().tolist()
+    codes = model.module.embed.token_chrom.cpu().tolist()
     names = np.array([CHROMOSOMES[c] if c < len(CHROMOSOMES) else "unplaced" for c in codes])
     with atomic.atomic_path(path) as tmp, open(tmp, "wb") as fh:
         np.savez_compressed(
             fh,
             attention=attn,
             token_chrom=names,
-            token_position=model.embed.token_position.cpu().numpy(),
+            token_position=model.module.embed.token_position.cpu().numpy(),
         )
 
 
@@ -302,7 +302,9 @@ def run_attention(
     write_attention(model, X, labels, attention_out, max_samples=len(chosen))
 
 
-def _matching_ids(ordered_path: str | os.PathLike, model: LocusFormer) -> tuple[pd.Index, pd.Index]:
+def _matching_ids(
+    ordered_path: str | os.PathLike, model: TrainedModel
+) -> tuple[pd.Index, pd.Index]:
     """Sample ids and gene columns of ordered.parquet, the genes checked to be the model's.
 
     Reads the ids and the schema only, not the values.
@@ -438,7 +440,7 @@ def _read_ahead(
 
 def _open_outputs(
     outputs: contextlib.ExitStack,
-    model: LocusFormer,
+    model: TrainedModel,
     samples: pd.DataFrame,
     genes: pd.Index,
     corrected_out: str | os.PathLike,
@@ -454,7 +456,7 @@ def _open_outputs(
         lambda rows, ids, X, c, z: latent(z, ids),
     ]
     if h5ad_out is not None:
-        loci = getattr(model, "loci", None)
+        loci = model.loci
         h5ad = outputs.enter_context(
             h5ad_writer(h5ad_out, samples, genes, loci, model.config.latent_dim)
         )

@@ -1,7 +1,9 @@
-"""One exception type for problems with what the user gave us.
+"""The exceptions the CLI turns into one line on stderr.
 
-The CLI turns an :class:`InputError` into a single line on stderr and exit code 2, so
-every message must name the file (or config key) and the problem on its own.
+An :class:`InputError` (exit code 2) is a problem with what the user gave us, so every
+message names the file (or config key) and the problem on its own. A
+:class:`TrainingDivergedError` (exit code 3) is a run that went wrong on valid input.
+:func:`one_line` is the one way any exception becomes such a line.
 """
 
 from __future__ import annotations
@@ -14,3 +16,17 @@ class InputError(Exception):
         self.source = str(source)
         self.problem = problem
         super().__init__(f"{self.source}: {problem}")
+
+
+class TrainingDivergedError(RuntimeError):
+    """A training loss became NaN or infinite."""
+
+
+def one_line(message: object, limit: int = 500) -> str:
+    """An exception (or any message) as one line of at most ``limit`` characters.
+
+    Tracebacks and multi-line messages of third-party libraries would otherwise spread one
+    failure over many lines of a log or a report cell.
+    """
+    text = " ".join(str(message).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -2,18 +2,24 @@
 
 Read top to bottom:
 
-1. ``ModelConfig`` - every knob of the architecture, with the defaults we measured.
-2. ``linear`` - the one place a linear layer runs, fused with its GELU on the CPU.
-3. ``MultiHeadSelfAttention`` - one module, one set of weights, two paths: an explicit,
-   readable path that can return attention weights and a fused path
-   (``scaled_dot_product_attention``) used for training.
+1. ``ModelConfig`` (from :mod:`locusformer.config`) - every knob of the architecture.
+2. ``linear`` and ``MultiHeadSelfAttention`` (from :mod:`locusformer.attention`) - the
+   one place a linear layer runs, and the attention layer with its explicit and fused
+   paths over one set of weights.
 4. ``sinusoidal_encoding`` / ``LocusLayout`` / ``LocusEmbedding`` - how a row of the
    expression matrix becomes a sequence of tokens (patches of consecutive loci).
 5. ``Block`` / ``Encoder`` / ``masked_mean`` - pre-norm transformer blocks, pooling.
 6. ``GradientReversal`` / ``BatchDiscriminator`` / ``batch_mean_distance`` /
    ``batch_mmd`` - the terms that push batch information out of the latent.
 7. ``BatchConditionedDecoder`` - reconstructs every locus from (latent, batch).
-8. ``LocusFormer`` - ties it together and owns the per-gene standardization.
+8. ``LocusFormer`` - ties it together, owns the per-gene standardization and computes
+   its own loss (``Loss``, weighted by ``LossWeights``).
+
+The module knows tensors only: it imports torch, the standard library and the attention
+layer. The settings
+are parsed in :mod:`locusformer.config`, the loci table becomes a ``LocusLayout`` in
+:mod:`locusformer.layout`, and what a trained model carries beside its weights is in
+:mod:`locusformer.checkpoint`.
 
 Shapes in comments: B batch of samples, L loci, T tokens, P loci per token (patch size),
 D model width, H heads, K = D // H head width, Z latent width, N number of batches.
@@ -21,325 +27,17 @@ D model width, H heads, K = D // H head width, Z latent width, N number of batch
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import platform
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from locusformer.errors import InputError
+from locusformer.attention import MultiHeadSelfAttention, linear
 
-# --------------------------------------------------------------------------------------
-# Configuration
-# --------------------------------------------------------------------------------------
-
-
-def config_from_dict(cls: type, data: Mapping[str, Any] | None, source: str) -> Any:
-    """Build dataclass ``cls`` from a mapping of overrides.
-
-    Unknown keys and values of the wrong type are :class:`InputError` naming the key, so a
-    typo in a config file is never silently ignored. Numbers written as strings (YAML reads
-    ``1e-3`` as a string) are converted.
-    """
-    data = dict(data or {})
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in fields:
-            valid = ", ".join(sorted(fields))
-            raise InputError(source, f"unknown key {key!r} (valid keys: {valid})")
-        default = fields[key].default
-        kwargs[key] = _coerce(value, type(default), f"{source}.{key}")
-    config = cls(**kwargs)
-    config.validate(source)
-    return config
-
-
-def _coerce(value: Any, kind: type, name: str) -> Any:
-    """Convert ``value`` to ``kind`` (bool, int, float or str) or raise InputError."""
-    number = not isinstance(value, bool)  # True is an int to Python, not to a config
-    fractional = isinstance(value, float) and not value.is_integer()
-    try:
-        if kind is bool and isinstance(value, bool):
-            return value
-        if kind is int and number and not fractional:
-            return int(value)
-        if kind is float and number:
-            return float(value)
-        if kind is str and isinstance(value, str):
-            return value
-    except (TypeError, ValueError):
-        pass
-    raise InputError(name, f"expected a {kind.__name__}, got {value!r}")
-
-
-@dataclass
-class ModelConfig:
-    """Architecture of a :class:`LocusFormer`.
-
-    Sizes are the best of what a prototype on CellBench measured. ``pooling`` and
-    ``locus_embedding`` were chosen by measurement on simulated data (see the functions
-    and classes that use them).
-    """
-
-    # Consecutive loci per token (1 = one token per locus). 32 rather than 16: the same
-    # scores on CellBench within a seed's spread, at half the tokens (training 1.9x faster).
-    patch_size: int = 32
-    d_model: int = 64
-    n_heads: int = 4
-    n_layers: int = 2
-    latent_dim: int = 32
-    pooling: str = "scaled_mean"  # "mean" or "scaled_mean" (mean x sqrt(tokens))
-    dropout: float = 0.1  # on the residual branches, feed-forward and decoder
-    # On attention weights. Off: with it, CPU's fused attention falls back to the math
-    # kernel and draws a T x T mask (measured 16x slower at 500 tokens).
-    attn_dropout: float = 0.0
-    mlp_ratio: int = 4  # width of the feed-forward layer, in multiples of d_model
-    position_scale: str = "rank"  # "rank" (token index) or "coordinate" (genomic start)
-    coordinate_unit: float = 1e6  # base pairs per unit of position when "coordinate"
-    positional_encoding: bool = True  # sinusoidal encoding of the token's position
-    chromosome_embedding: bool = True  # learned embedding of the token's chromosome
-    locus_embedding: str = "vector"  # locus identity: "vector", "affine" or "none"
-    decoder_hidden: int = 256
-    discriminator_hidden: int = 64
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> ModelConfig:
-        return config_from_dict(cls, data, "model config")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def validate(self, source: str = "model config") -> None:
-        positive = ["patch_size", "d_model", "n_heads", "n_layers", "latent_dim", "mlp_ratio"]
-        positive += ["decoder_hidden", "discriminator_hidden"]
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise InputError(f"{source}.{name}", f"must be >= 1, got {getattr(self, name)}")
-        if self.d_model % self.n_heads:
-            raise InputError(
-                f"{source}.d_model",
-                f"{self.d_model} is not divisible by n_heads={self.n_heads}",
-            )
-        if self.d_model % 2:
-            raise InputError(f"{source}.d_model", "must be even (sinusoidal encoding)")
-        for name in ("dropout", "attn_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise InputError(
-                    f"{source}.{name}", f"must be in [0, 1), got {getattr(self, name)}"
-                )
-        if self.position_scale not in ("rank", "coordinate"):
-            raise InputError(
-                f"{source}.position_scale",
-                f"must be 'rank' or 'coordinate', got {self.position_scale!r}",
-            )
-        if self.locus_embedding not in ("vector", "affine", "none"):
-            raise InputError(
-                f"{source}.locus_embedding",
-                f"must be 'vector', 'affine' or 'none', got {self.locus_embedding!r}",
-            )
-        if self.pooling not in ("mean", "scaled_mean"):
-            raise InputError(
-                f"{source}.pooling", f"must be 'mean' or 'scaled_mean', got {self.pooling!r}"
-            )
-        if self.coordinate_unit <= 0:
-            raise InputError(f"{source}.coordinate_unit", "must be > 0")
-
-
-# --------------------------------------------------------------------------------------
-# Attention
-# --------------------------------------------------------------------------------------
-
-
-def stable_softmax(scores: Tensor) -> Tensor:
-    """Softmax over the last axis that never overflows and never returns NaN.
-
-    Subtracting the row maximum keeps ``exp`` <= 1 even for logits of 1e4 in fp16/bf16.
-    The sum is taken in fp32 because a bf16 sum of thousands of terms loses digits.
-    A row whose every entry is -inf (every key masked) gets all-zero weights, not NaN.
-    """
-    s = scores.float()
-    row_max = s.amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    e = torch.exp(s - row_max)  # masked (-inf) entries become exactly 0
-    denom = e.sum(dim=-1, keepdim=True)
-    return (e / denom.clamp_min(torch.finfo(torch.float32).tiny)).to(scores.dtype)
-
-
-def merge_masks(
-    key_padding_mask: Tensor | None,
-    attn_mask: Tensor | None,
-    batch: int,
-    heads: int,
-    dtype: torch.dtype,
-) -> Tensor | None:
-    """Combine the two optional masks into one additive mask of shape (B|1, H|1, T, S).
-
-    Conventions follow ``torch.nn.MultiheadAttention``: a boolean ``True`` means "may not
-    attend"; a float mask is added to the logits. ``key_padding_mask`` is (B, S);
-    ``attn_mask`` is (T, S), (B*H, T, S) or (B, H, T, S).
-    """
-    mask = None
-    if attn_mask is not None:
-        m = _additive(attn_mask, dtype)
-        if m.dim() == 3:  # (B*H, T, S) as nn.MultiheadAttention takes it
-            m = m.view(batch, heads, *m.shape[-2:])
-        mask = m
-    if key_padding_mask is not None:
-        m = _additive(key_padding_mask, dtype)[:, None, None, :]  # (B, 1, 1, S)
-        mask = m if mask is None else mask + m
-    return mask
-
-
-def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    if mask.dtype == torch.bool:
-        zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-        return zeros.masked_fill(mask, float("-inf"))
-    return mask.to(dtype)
-
-
-# --------------------------------------------------------------------------------------
-# Linear layers
-# --------------------------------------------------------------------------------------
-
-
-def _onednn_available() -> bool:
-    # x86-64 only: that is where it was measured. Elsewhere PyTorch's matmul may call a
-    # faster library (Apple's Accelerate, Arm's) than oneDNN's kernels there.
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    try:
-        return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._linear_pointwise)
-    except (AttributeError, RuntimeError):
-        return False
-
-
-#: Whether fp32 inference on an x86-64 CPU runs linear layers through oneDNN (see
-#: :func:`linear`). Off, every path is plain ``F.linear``; the benchmarks turn it off to
-#: count FLOPs.
-ONEDNN = _onednn_available()
-
-
-def linear(x: Tensor, layer: nn.Linear, gelu: bool = False) -> Tensor:
-    """``layer(x)``, followed by exact GELU when ``gelu``: (..., in) -> (..., out).
-
-    In fp32 on an x86-64 CPU with autograd off (``correct``), this calls oneDNN's linear
-    kernel with the GELU fused into it. PyTorch's own fp32 CPU matmul calls MKL, which on
-    the project's AMD (Zen) machines ran at 0.45 of oneDNN's rate on a 2048 x 2048
-    product; the fused GELU also saves a pass over the feed-forward activations.
-    ``correct``'s model ran 1.3-1.4x as fast (BENCHMARKS.md, "Scaling"). The result
-    equals the plain path's to float32 rounding. Training and ``torch.compile`` keep the
-    plain path: PyTorch gives the backward of that one, and inductor fuses it on its own.
-    """
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad)
-    if (
-        ONEDNN
-        and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and not needs_grad
-        and not torch.compiler.is_compiling()
-    ):
-        kind = "gelu" if gelu else "none"
-        return torch.ops.mkldnn._linear_pointwise(
-            x, layer.weight, layer.bias, kind, [], "none" if gelu else ""
-        )
-    y = F.linear(x, layer.weight, layer.bias)
-    return F.gelu(y) if gelu else y
-
-
-class MultiHeadSelfAttention(nn.Module):
-    """Multi-head self-attention with an explicit and a fused path over one set of weights.
-
-    The fused in-projection ``in_proj`` stacks the Q, K and V projections in the same
-    layout as ``nn.MultiheadAttention.in_proj_weight``, so weights copy over one to one
-    (:meth:`load_from_torch`).
-    """
-
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
-        super().__init__()
-        if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-        self.n_heads = n_heads
-        self.head_dim = d_model // n_heads
-        self.dropout = dropout
-        self.fused = True  # default path when no attention weights are asked for
-        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-
-    def forward(
-        self,
-        x: Tensor,
-        key_padding_mask: Tensor | None = None,
-        attn_mask: Tensor | None = None,
-        need_weights: bool = False,
-        fused: bool | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """Attend ``x`` (B, T, D) to itself.
-
-        Returns the output (B, T, D) and, when ``need_weights`` (which forces the explicit
-        path), the attention weights (B, H, T, T); otherwise ``None``.
-        """
-        B, T, D = x.shape
-        q, k, v = linear(x, self.in_proj).split(D, dim=-1)  # 3 x (B, T, D)
-        q, k, v = (t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        # q, k, v: (B, H, T, K)
-        mask = merge_masks(key_padding_mask, attn_mask, B, self.n_heads, q.dtype)
-        use_fused = (self.fused if fused is None else fused) and not need_weights
-        if use_fused:
-            y, weights = self._fused(q, k, v, mask), None
-        else:
-            y, weights = self._explicit(q, k, v, mask)
-        y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D): heads side by side
-        return linear(y, self.out_proj), weights
-
-    def _explicit(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
-    ) -> tuple[Tensor, Tensor]:
-        """softmax(Q K^T / sqrt(K) + mask) V, written out so the weights can be returned."""
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, T)
-        if mask is not None:
-            scores = scores + mask  # -inf where a key is masked
-        weights = stable_softmax(scores)  # (B, H, T, T), masked keys exactly 0
-        dropped = F.dropout(weights, self.dropout, self.training)
-        return dropped @ v, weights  # (B, H, T, K)
-
-    def _fused(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        """The same computation through PyTorch's fused kernel (flash / memory-efficient)."""
-        empty_rows = None
-        if mask is not None:
-            # Backends disagree on rows where every key is masked (some give NaN, also in
-            # the backward pass). Let such rows attend freely, then zero their output,
-            # which is what the explicit path computes.
-            empty_rows = torch.isneginf(mask).all(dim=-1, keepdim=True)  # (B|1, H|1, T, 1)
-            if bool(empty_rows.any()):
-                mask = mask.masked_fill(empty_rows, 0.0)
-            else:
-                empty_rows = None
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
-        )  # (B, H, T, K)
-        if empty_rows is not None:
-            y = y.masked_fill(empty_rows, 0.0)
-        return y
-
-    @torch.no_grad()
-    def load_from_torch(self, mha: nn.MultiheadAttention) -> None:
-        """Copy the weights of a ``torch.nn.MultiheadAttention`` with the same width."""
-        if mha.in_proj_weight is None:
-            raise ValueError("only nn.MultiheadAttention with equal q/k/v widths is supported")
-        self.in_proj.weight.copy_(mha.in_proj_weight)
-        self.out_proj.weight.copy_(mha.out_proj.weight)
-        if self.in_proj.bias is not None:
-            self.in_proj.bias.copy_(mha.in_proj_bias)
-            self.out_proj.bias.copy_(mha.out_proj.bias)
-
+if TYPE_CHECKING:  # the core takes any object with these fields; parsing lives elsewhere
+    from locusformer.config import ModelConfig
 
 # --------------------------------------------------------------------------------------
 # From loci to tokens
@@ -396,55 +94,6 @@ class LocusLayout(NamedTuple):
     @property
     def patch_size(self) -> int:
         return self.token_index.shape[1]
-
-
-def build_layout(
-    loci: pd.DataFrame, patch_size: int, position_scale: str = "rank", coordinate_unit: float = 1e6
-) -> LocusLayout:
-    """Cut the loci table (one row per column of X, in genomic order) into tokens.
-
-    ``position_scale="rank"`` uses the token index; ``"coordinate"`` the mean genomic start
-    of the token's loci in units of ``coordinate_unit`` (per chromosome, as the chromosome
-    embedding tells chromosomes apart). Tokens without coordinates (unplaced loci) use
-    their index within their run.
-    """
-    if "chrom" not in loci.columns:
-        raise InputError("loci table", "missing column 'chrom'")
-    if position_scale == "coordinate" and "start" not in loci.columns:
-        raise InputError("loci table", "missing column 'start' (needed for coordinate positions)")
-    n = len(loci)
-    if n == 0:
-        raise InputError("loci table", "has no rows")
-    codes = np.array([chromosome_code(c) for c in loci["chrom"].tolist()], dtype=np.int64)
-    if "start" in loci.columns:
-        start = pd.to_numeric(loci["start"], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
-    else:
-        start = np.full(n, np.nan)
-    if "placed" in loci.columns:
-        start = np.where(loci["placed"].fillna(False).to_numpy(dtype=bool), start, np.nan)
-
-    run_starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-    run_ends = np.r_[run_starts[1:], n]
-    index, position, chrom = [], [], []
-    for a, b in zip(run_starts, run_ends, strict=True):
-        for j, p in enumerate(range(a, b, patch_size)):
-            slots = np.arange(p, p + patch_size)
-            slots[slots >= b] = n  # padding slot
-            index.append(slots)
-            chrom.append(codes[a])
-            real = slots[slots < n]
-            if position_scale == "rank":
-                position.append(float(len(position)))
-            elif np.isfinite(start[real]).any():
-                position.append(float(np.nanmean(start[real])) / coordinate_unit)
-            else:
-                position.append(float(j))
-    return LocusLayout(
-        token_index=torch.as_tensor(np.stack(index), dtype=torch.long),
-        token_position=torch.as_tensor(position, dtype=torch.float32),
-        token_chrom=torch.as_tensor(chrom, dtype=torch.long),
-        n_loci=n,
-    )
 
 
 class LocusEmbedding(nn.Module):
@@ -741,39 +390,55 @@ class ModelOutput(NamedTuple):
     confusion_logits: Tensor | None = None
 
 
+class LossWeights(NamedTuple):
+    """What each term of :meth:`LocusFormer.loss` weighs at one point of the schedule."""
+
+    confusion: float = 0.0  # on confusion_loss (ramp x adversary_weight)
+    batch_mean: float = 0.0  # on batch_mean_distance, before the ramp
+    mmd: float = 0.0  # on batch_mmd, before the ramp
+    ramp: float = 1.0  # on the two batch-statistic terms
+
+
+class Loss(NamedTuple):
+    """The terms of the training objective (scalars) and ``total``, which is minimized.
+
+    The history's ``train_*`` columns and the divergence message follow these fields.
+    """
+
+    recon: Tensor  # mean squared error of the reconstruction, standardized units
+    adversary: Tensor  # the discriminator's cross-entropy (it minimizes this)
+    confusion: Tensor  # the encoder's confusion term; 0 under "reversal"
+    batch_mean: Tensor  # whitened distance between the batches' latent means
+    mmd: Tensor  # MMD between each batch's latent and the others'
+    total: Tensor
+
+
 class LocusFormer(nn.Module):
     """Encoder over locus tokens -> latent -> batch-conditioned decoder over all loci.
 
     The model stores the per-gene mean and standard deviation of the training data
     (buffers, so they travel in the state dict) and works on standardized values inside;
-    :meth:`standardize` / :meth:`unstandardize` convert.
+    :meth:`standardize` / :meth:`unstandardize` convert. Batches are codes ``0..N-1``;
+    their names, and everything else a trained model carries beside its weights, are in
+    :class:`locusformer.checkpoint.ModelRecord`.
     """
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        layout: LocusLayout,
-        batch_names: Sequence[str],
-        gene_ids: Sequence[str] | None = None,
-    ):
+    def __init__(self, config: ModelConfig, layout: LocusLayout, n_batches: int):
         super().__init__()
+        if n_batches < 1:
+            raise ValueError(f"need at least one batch, got {n_batches}")
         self.config = config
         self.n_loci = layout.n_loci
-        self.batch_names = [str(b) for b in batch_names]
-        if len(set(self.batch_names)) != len(self.batch_names):
-            raise ValueError("batch names must be unique")
-        self.gene_ids = None if gene_ids is None else [str(g) for g in gene_ids]
-        if self.gene_ids is not None and len(self.gene_ids) != self.n_loci:
-            raise ValueError(f"{len(self.gene_ids)} gene ids for {self.n_loci} loci")
+        self.n_batches = n_batches
         self.embed = LocusEmbedding(config, layout)
         self.encoder = Encoder(config)
         self.to_latent = nn.Linear(config.d_model, config.latent_dim)
         self.discriminator = BatchDiscriminator(
-            config.latent_dim, config.discriminator_hidden, self.n_batches
+            config.latent_dim, config.discriminator_hidden, n_batches
         )
         self.decoder = BatchConditionedDecoder(
             config.latent_dim,
-            self.n_batches,
+            n_batches,
             self.n_loci,
             config.decoder_hidden,
             config.dropout,
@@ -782,18 +447,15 @@ class LocusFormer(nn.Module):
         self.register_buffer("gene_std", torch.ones(self.n_loci))
 
     @property
-    def n_batches(self) -> int:
-        return len(self.batch_names)
-
-    @property
     def n_tokens(self) -> int:
         return self.embed.token_index.shape[0]
 
     # -- standardization ---------------------------------------------------------------
 
     @torch.no_grad()
-    def set_standardization(self, mean: Tensor | np.ndarray, std: Tensor | np.ndarray) -> None:
-        """Store per-gene mean and std; a (near) constant gene gets std 1, not 1/0."""
+    def set_standardization(self, mean: Any, std: Any) -> None:
+        """Store per-gene mean and std (tensors or arrays, (L,)); a (near) constant gene
+        gets std 1, not 1/0."""
         mean = torch.as_tensor(mean, dtype=torch.float32)
         std = torch.as_tensor(std, dtype=torch.float32)
         std = torch.where(std > 1e-6, std, torch.ones_like(std))
@@ -830,15 +492,13 @@ class LocusFormer(nn.Module):
         """Batch codes (B,) -> one-hot conditioning (B, N)."""
         return F.one_hot(batch, self.n_batches).float()
 
-    def reference_condition(self, reference: str, n: int, device: torch.device) -> Tensor:
-        """Conditioning (n, N) for a named reference batch or "mean" (all batches alike)."""
-        if reference == "mean":
+    def reference_condition(self, code: int | None, n: int, device: torch.device) -> Tensor:
+        """Conditioning (n, N) for batch ``code``, or all batches alike (``None``)."""
+        if code is None:
             return torch.full((n, self.n_batches), 1.0 / self.n_batches, device=device)
-        if reference not in self.batch_names:
-            valid = ", ".join(["mean", *self.batch_names])
-            raise InputError("reference", f"unknown batch {reference!r} (valid: {valid})")
-        code = torch.full((n,), self.batch_names.index(reference), device=device)
-        return self.condition(code)
+        if not 0 <= code < self.n_batches:
+            raise ValueError(f"batch code {code} out of range for {self.n_batches} batches")
+        return self.condition(torch.full((n,), code, device=device))
 
     def forward(
         self,
@@ -850,7 +510,7 @@ class LocusFormer(nn.Module):
         """Standardized x (B, L) and batch codes (B,) -> latent, reconstruction, logits.
 
         ``adversary`` is "reversal" (the discriminator's gradient reaches the encoder
-        reversed and scaled by ``adversary_weight``) or "confusion" (the caller weighs
+        reversed and scaled by ``adversary_weight``) or "confusion" (:meth:`loss` weighs
         :func:`confusion_loss` of ``confusion_logits``; ``adversary_weight`` is unused).
         """
         z, _ = self.encode(x)
@@ -861,15 +521,48 @@ class LocusFormer(nn.Module):
         logits = self.discriminator(grad_reverse(z, adversary_weight))
         return ModelOutput(z, recon, logits)
 
-    # -- (de)serialization helpers -------------------------------------------------------
+    def loss(
+        self,
+        x: Tensor,
+        batch: Tensor,
+        out: ModelOutput,
+        weights: LossWeights,
+        prior: Tensor | None = None,
+        *,
+        share: float = 1.0,
+        stats: tuple[Tensor, Tensor] | None = None,
+    ) -> Loss:
+        """The training objective of :meth:`forward`'s ``out`` on standardized ``x`` (B, L).
+
+        The discriminator minimizes its cross-entropy at full strength. Under "reversal"
+        the encoder receives -weight times that gradient through ``out``; under
+        "confusion" the encoder's term is ``weights.confusion`` x :func:`confusion_loss`
+        against ``prior`` (N,), the batch frequencies. The batch-statistic terms need a
+        whole minibatch: ``stats`` = (latent (M, Z), batch codes (M,)) of all of it when
+        this process holds a share only (DDP), whose per-sample terms then weigh
+        ``share`` (its rows x processes / M), so that averaging the processes' gradients
+        gives the gradient of the whole minibatch's loss.
+        """
+        recon = F.mse_loss(out.recon.float(), x)
+        adversary = F.cross_entropy(out.batch_logits.float(), batch)
+        if out.confusion_logits is None or prior is None:
+            confusion = torch.zeros((), device=out.latent.device)
+        else:
+            confusion = confusion_loss(out.confusion_logits, prior)
+        z, b = stats if stats is not None else (out.latent, batch)
+        batch_mean = batch_mean_distance(z, b, self.n_batches)
+        mmd = batch_mmd(z, b, self.n_batches)
+        per_sample = recon + adversary + weights.confusion * confusion
+        if share != 1.0:
+            per_sample = share * per_sample
+        total = per_sample + weights.ramp * (weights.batch_mean * batch_mean + weights.mmd * mmd)
+        return Loss(recon, adversary, confusion, batch_mean, mmd, total)
+
+    # -- (de)serialization ---------------------------------------------------------------
 
     @classmethod
     def from_state_dict(
-        cls,
-        config: ModelConfig,
-        state_dict: Mapping[str, Tensor],
-        batch_names: Sequence[str],
-        gene_ids: Sequence[str] | None = None,
+        cls, config: ModelConfig, state_dict: Mapping[str, Tensor], n_batches: int
     ) -> LocusFormer:
         """Rebuild a model whose layout is read from the state dict's buffers."""
         layout = LocusLayout(
@@ -878,6 +571,6 @@ class LocusFormer(nn.Module):
             token_chrom=state_dict["embed.token_chrom"],
             n_loci=state_dict["gene_mean"].shape[0],
         )
-        model = cls(config, layout, batch_names, gene_ids)
+        model = cls(config, layout, n_batches)
         model.load_state_dict(state_dict)
         return model
