@@ -60,6 +60,26 @@ def test_config_that_fails_its_schema_is_refused(tmp_path):
     assert "n_top_genes" in said and "minimum" in said
 
 
+def test_combat_mod_without_protect_is_refused_before_any_job(tmp_path):
+    workdir = _workdir(tmp_path, {"baselines": ["combat_mod"]}, [_demo_row()])
+    result = _snakemake(workdir, "-n")
+    assert result.returncode != 0
+    assert "protect names no sample-sheet column" in result.stdout + result.stderr
+
+
+def test_the_optional_baselines_are_planned_with_their_arguments(tmp_path):
+    config = {"baselines": ["combat_mod", "sysvi"], "protect": ["cell_line"]}
+    workdir = _workdir(tmp_path, config, [_demo_row()])
+    result = _snakemake(workdir, "-n", "-p")
+    assert result.returncode == 0, result.stdout + result.stderr
+    commands = [line for line in result.stdout.splitlines() if "locusformer baseline" in line]
+    mod = [c for c in commands if "--method combat_mod" in c]
+    sysvi = [c for c in commands if "--method sysvi" in c]
+    assert len(mod) == 1 and "--protect cell_line" in mod[0]
+    assert len(sysvi) == 1 and "--protect" not in sysvi[0] and "--counts" not in sysvi[0]
+    assert "results/demo/metrics/combat_mod.tsv" in result.stdout
+
+
 @pytest.mark.parametrize("name", ["../escape", "a b", "-rf", "x;rm"])
 def test_dataset_name_must_be_a_safe_path_component(tmp_path, name):
     workdir = _workdir(tmp_path, {}, [_demo_row(name)])

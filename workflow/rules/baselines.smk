@@ -18,10 +18,11 @@ rule baseline:
         batch_key=get_batch_key,
         label=get_label_arg,
         counts=get_counts_arg,
+        protect=get_protect_arg,
         seed=SEED,
     shell:
         "OMP_NUM_THREADS={threads} python -m locusformer baseline --method {wildcards.method}"
-        " --matrix {input.matrix:q} --samples {input.samples:q} {params.counts}"
+        " --matrix {input.matrix:q} --samples {input.samples:q} {params.counts} {params.protect}"
         " --batch-key {params.batch_key} {params.label} --seed {params.seed}"
         " --out {output:q} 2> {log:q}"
 

@@ -162,6 +162,13 @@ def get_final_outputs():
 
 
 BASELINES = ["uncorrected", *config["baselines"]]
+# Without a column to keep, combat_mod would be plain ComBat under another name: stop
+# before any job runs rather than after every dataset is normalized.
+if "combat_mod" in config["baselines"] and not config["protect"]:
+    raise ValueError(
+        "config: baselines lists combat_mod, but protect names no sample-sheet column"
+        " whose effect it keeps (e.g. protect: [cell_line])"
+    )
 # LocusFormer is scored twice: its corrected matrix and its batch-free latent.
 LOCUSFORMER_METHODS = {"locusformer": "matrix", "locusformer_latent": "embedding"}
 
@@ -176,6 +183,13 @@ def get_label_arg(wildcards):
 
 def get_counts_arg(wildcards, input):
     return f"--counts {shlex.quote(input.counts)}" if wildcards.method == "scvi" else ""
+
+
+def get_protect_arg(wildcards):
+    """``--protect COLUMN`` per column combat_mod keeps; nothing for the other methods."""
+    if wildcards.method != "combat_mod":
+        return ""
+    return " ".join(f"--protect {shlex.quote(c)}" for c in config["protect"])
 
 
 def get_method_tables(wildcards):
