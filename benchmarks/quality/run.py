@@ -1,4 +1,4 @@
-"""Quality benchmark: LocusFormer against ComBat, Harmony and scVI on real CellBench tasks.
+"""Quality benchmark: LocusFormer against ComBat, Harmony, scVI and SysVI on CellBench tasks.
 
 Runs the workflow itself (same rules, same scoring) once per (variant, seed) in its own
 directory under ``--out``, then writes the tables of BENCHMARKS.md's quality section:
@@ -53,7 +53,7 @@ VARIANTS: dict[str, dict] = {
     "early_stopping": {"training": {"max_epochs": 80, "patience": 10}},
     "residual_on": {"correct": {"add_residual": True}},
 }
-BASELINES = ["combat", "harmony", "scvi"]
+BASELINES = ["combat", "harmony", "scvi", "sysvi"]
 
 
 def _schema() -> dict:
