@@ -149,7 +149,7 @@ def model_for(out: Path, n: int, work: Path, train_max: int, epochs: int) -> Non
     if n <= train_max:
         record(out, step="train", n=n, **train(out, n, work, epochs))
         return
-    from locusformer.io import iter_matrix_parquet, write_matrix_parquet
+    from locusformer.parquet import iter_matrix_parquet, write_matrix_parquet
 
     rows = next(iter_matrix_parquet(work / "ordered.parquet", rows=SUBSET_FOR_MODEL))
     subset = work / "subset.parquet"
@@ -288,7 +288,7 @@ def attention_flops_per_sample(model: Any) -> int:
 SCVI_EPOCHS = """
 import sys, time, numpy as np, pandas as pd, anndata as ad, scvi
 from lightning.pytorch.callbacks import Callback
-from locusformer.io import read_matrix_parquet
+from locusformer.parquet import read_matrix_parquet
 counts = read_matrix_parquet(sys.argv[1], "count matrix")
 batches = pd.read_csv(sys.argv[2], sep="\\t", dtype=str).set_index("sample_id")["batch"]
 work = ad.AnnData(X=counts.to_numpy(np.float32), obs=pd.DataFrame(

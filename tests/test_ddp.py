@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from locusformer.errors import InputError
-from locusformer.io import write_frame_parquet, write_matrix_parquet
+from locusformer.parquet import write_matrix_parquet
 from locusformer.simulate import simulate
+from locusformer.tables import write_frame_parquet
 from locusformer.train import TrainConfig, load_model, train_corrector
 
 MODEL = {

@@ -21,16 +21,13 @@ from conftest import ANNOTATION
 from scipy import sparse
 
 import locusformer.correct
-import locusformer.io
+import locusformer.data
+import locusformer.parquet
 from locusformer.cli import main
 from locusformer.correct import attention_map, run_attention, run_correct
 from locusformer.errors import InputError
-from locusformer.io import (
-    iter_matrix_parquet,
-    open_expression,
-    read_matrix_parquet,
-    write_matrix_parquet,
-)
+from locusformer.io import open_expression
+from locusformer.parquet import iter_matrix_parquet, read_matrix_parquet, write_matrix_parquet
 from locusformer.preprocess import NormalizeParams, normalize, plan_normalization
 from locusformer.simulate import simulate
 from locusformer.train import run_train, save_model, train_corrector
@@ -41,8 +38,8 @@ N_SAMPLES, N_GENES = 90, 40
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks and row groups of 7 rows (of 40 genes): every step goes through many."""
-    monkeypatch.setattr(locusformer.io, "CHUNK_VALUES", 7 * N_GENES)
-    monkeypatch.setattr(locusformer.io, "ROW_GROUP_BYTES", 4 * 7 * N_GENES)
+    monkeypatch.setattr(locusformer.parquet, "CHUNK_VALUES", 7 * N_GENES)
+    monkeypatch.setattr(locusformer.parquet, "ROW_GROUP_BYTES", 4 * 7 * N_GENES)
 
 
 def _counts(seed: int = 0) -> ad.AnnData:
@@ -179,7 +176,7 @@ def test_parquet_matrices_are_written_and_read_in_row_groups(tmp_path, small_chu
 def test_narrow_matrices_are_written_in_row_groups_of_bounded_rows(tmp_path, monkeypatch):
     # A latent of a few columns would fit a million rows in one row group's bytes: held
     # whole, with their ids, until the end. The row cap writes it as it comes.
-    monkeypatch.setattr(locusformer.io, "ROW_GROUP_ROWS", 100)
+    monkeypatch.setattr(locusformer.parquet, "ROW_GROUP_ROWS", 100)
     values = np.arange(250 * 3, dtype=np.float32).reshape(250, 3)
     path = tmp_path / "latent.parquet"
     write_matrix_parquet(
@@ -415,7 +412,7 @@ def test_training_from_disk_gives_what_training_in_memory_gives(tmp_path, monkey
     pd.DataFrame({"sample_id": ids, "batch": [f"b{b}" for b in sim.batch]}).to_csv(
         tmp_path / "samples.tsv", sep="\t", index=False
     )
-    monkeypatch.setattr(locusformer.io, "CHUNK_VALUES", 5 * 40)  # stats over many blocks
+    monkeypatch.setattr(locusformer.parquet, "CHUNK_VALUES", 5 * 40)  # stats over many blocks
     made = []
     mkdtemp = tempfile.mkdtemp
     monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: made.append(mkdtemp(**kw)) or made[-1])
@@ -438,7 +435,7 @@ def test_training_from_disk_gives_what_training_in_memory_gives(tmp_path, monkey
     if how == "always":
         disk_state, disk_history = train("always", tmp_path / "disk")
     else:
-        monkeypatch.setattr(locusformer.io, "available_memory", lambda: 2 * 48 * 40 * 4)
+        monkeypatch.setattr(locusformer.data, "available_memory", lambda: 2 * 48 * 40 * 4)
         disk_state, disk_history = train("auto", tmp_path / "disk")
     assert len(made) == 1 and Path(made[0]).parent == tmp_path / "disk"
     assert not Path(made[0]).exists(), "the memory map is removed after training"
@@ -450,7 +447,7 @@ def test_training_from_disk_gives_what_training_in_memory_gives(tmp_path, monkey
 
 def test_the_attention_map_reads_only_the_samples_it_averages(tmp_path, tiny_model, monkeypatch):
     sim, labels, model = tiny_model
-    monkeypatch.setattr(locusformer.io, "CHUNK_VALUES", 9 * 50)
+    monkeypatch.setattr(locusformer.parquet, "CHUNK_VALUES", 9 * 50)
     ids = pd.Index([f"c{i}" for i in range(len(sim.X))], name="sample_id")
     write_matrix_parquet(tmp_path / "ordered.parquet", sim.X, ids, sim.loci["gene_id"])
     pd.DataFrame({"sample_id": ids, "batch": labels}).to_csv(

@@ -37,9 +37,9 @@ from run import VARIANT_BASELINES, VARIANTS, label_baselines, protected_columns
 
 from locusformer.baselines import make_result, run_method
 from locusformer.correct import correct
-from locusformer.io import read_matrix_parquet
 from locusformer.loci import shuffle_loci
 from locusformer.metrics import SUMMARY_COLUMNS, score_method
+from locusformer.parquet import read_matrix_parquet
 from locusformer.train import split_params, train_corrector
 
 ROOT = Path(__file__).resolve().parents[2]

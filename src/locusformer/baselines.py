@@ -32,7 +32,7 @@ import pandas as pd
 
 from locusformer.atomic import atomic_path
 from locusformer.errors import InputError
-from locusformer.io import read_matrix_parquet
+from locusformer.parquet import read_matrix_parquet
 
 log = logging.getLogger(__name__)
 

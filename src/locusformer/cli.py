@@ -51,8 +51,10 @@ def _json_arg(text: str) -> dict:
 @_command("normalize")
 def _normalize(args: argparse.Namespace) -> None:
     from .atomic import write_text
-    from .io import matrix_parquet_writer, open_expression, read_sample_sheet, write_tsv
+    from .io import open_expression, read_sample_sheet
+    from .parquet import matrix_parquet_writer
     from .preprocess import NormalizeParams, plan_normalization, sample_table
+    from .tables import write_tsv
 
     params = NormalizeParams(
         target_sum=args.target_sum,
@@ -112,15 +114,11 @@ def _normalize(args: argparse.Namespace) -> None:
 def _order_loci(args: argparse.Namespace) -> None:
     import pandas as pd
 
+    from .annotation import read_annotation
     from .atomic import write_text
-    from .io import (
-        iter_matrix_parquet,
-        matrix_parquet_writer,
-        open_matrix_parquet,
-        read_annotation,
-        write_frame_parquet,
-    )
     from .loci import order_loci, shuffle_loci
+    from .parquet import iter_matrix_parquet, matrix_parquet_writer, open_matrix_parquet
+    from .tables import write_frame_parquet
 
     handle, genes = open_matrix_parquet(args.matrix)
     handle.close()

@@ -381,7 +381,7 @@ def assess(
 
 def _subsample_rows(path: PathLike, wanted: int, seed: int) -> pd.DataFrame:
     """At most ``wanted`` rows of a matrix parquet, drawn at random (seeded), block by block."""
-    from locusformer.io import iter_matrix_parquet, open_matrix_parquet
+    from locusformer.parquet import iter_matrix_parquet, open_matrix_parquet
 
     handle, _ = open_matrix_parquet(path, "normalized matrix")
     n = handle.metadata.num_rows

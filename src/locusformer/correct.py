@@ -27,13 +27,13 @@ from locusformer import atomic
 from locusformer.checkpoint import TrainedModel, load_model
 from locusformer.data import as_matrix, read_batches
 from locusformer.errors import InputError
-from locusformer.io import (
+from locusformer.model import CHROMOSOMES
+from locusformer.parquet import (
     iter_matrix_parquet,
     matrix_parquet_writer,
     open_matrix_parquet,
     rows_per_chunk,
 )
-from locusformer.model import CHROMOSOMES
 from locusformer.runtime import autocast, resolve_device
 
 

@@ -20,6 +20,13 @@ import torch
 
 from locusformer import atomic
 from locusformer.errors import InputError
+from locusformer.memory import available_memory
+from locusformer.parquet import (
+    iter_matrix_parquet,
+    open_matrix_parquet,
+    read_matrix_parquet,
+    rows_per_chunk,
+)
 
 
 def as_matrix(X: Any, source: str = "expression matrix") -> np.ndarray:
@@ -54,8 +61,6 @@ def stratified_split(
 
 def row_blocks(X: np.ndarray, rows: np.ndarray | None = None) -> Iterator[np.ndarray]:
     """``X[rows]`` (all rows by default) in blocks of about 64 MiB, in row order."""
-    from locusformer.io import rows_per_chunk  # anndata is slow to import
-
     step = rows_per_chunk(X.shape[1])
     n = len(X) if rows is None else len(rows)
     for start in range(0, n, step):
@@ -129,8 +134,6 @@ def batch_prior(codes: np.ndarray, n_batches: int, device: torch.device) -> torc
 
 def read_ordered(path: str | os.PathLike) -> pd.DataFrame:
     """The samples x loci matrix written by preprocessing (index sample_id)."""
-    from locusformer.io import read_matrix_parquet  # anndata is slow to import
-
     return read_matrix_parquet(path, "ordered matrix")
 
 
@@ -173,8 +176,6 @@ def ordered_matrix(
     On disk, the parquet is streamed once, block by block, into a float32 ``.npy`` in a
     temporary directory in ``scratch`` (beside the checkpoint), removed afterwards.
     """
-    from locusformer.io import available_memory, iter_matrix_parquet, open_matrix_parquet
-
     handle, genes = open_matrix_parquet(path, "ordered matrix")
     n = handle.metadata.num_rows
     handle.close()

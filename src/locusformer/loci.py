@@ -99,7 +99,8 @@ def order_loci(
     gene_ids
         The matrix's gene ids.
     annotation
-        Frame with gene_id, chrom, start, end (see :func:`locusformer.io.read_annotation`).
+        Frame with gene_id, chrom, start, end (see
+        :func:`locusformer.annotation.read_annotation`).
     id_type
         Which kind of id the matrix uses (``ensembl_id``, ``symbol``, ``entrez_id``, ...).
     unplaced

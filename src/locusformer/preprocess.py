@@ -330,7 +330,7 @@ def plan_normalization(
     ``params.hvg_max_samples``, else a seeded random subsample of that many, as atlas
     pipelines do). Memory holds one chunk, per-sample vectors and those rows.
     """
-    from .io import check_chunk
+    from .checks import check_chunk
 
     name = source.path
     if value_type not in VALUE_TYPES:

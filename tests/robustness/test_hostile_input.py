@@ -22,7 +22,8 @@ from robustness_cli import (
     sheet_frame,
 )
 
-from locusformer.io import read_annotation, read_expression, read_sample_sheet
+from locusformer.annotation import read_annotation
+from locusformer.io import read_expression, read_sample_sheet
 from locusformer.loci import order_loci as order_loci_frame
 
 # -- written in other ways, read the same ----------------------------------------------------

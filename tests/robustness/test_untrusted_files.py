@@ -236,7 +236,7 @@ def test_a_matrix_larger_than_the_memory_left_is_refused_before_reading(
     sheet_frame().to_csv(sheet, index=False)
     monkeypatch.setattr(locusformer.io, "available_memory", lambda: 100)
     read = []
-    monkeypatch.setattr(locusformer.io, "_read_table", lambda *a, **k: read.append(a))
+    monkeypatch.setattr(locusformer.io, "read_table", lambda *a, **k: read.append(a))
     out = tmp_path / "out"
     line = assert_refused(normalize(matrix, sheet, out), out, f"m.{kind}", "of memory")
     assert "needs at least" in line and "mem_mb" in line
