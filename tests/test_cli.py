@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import ROOT
 
 from locusformer.cli import main
 
@@ -159,3 +163,49 @@ def test_summary_adds_the_time_of_every_rule_a_method_needs(tmp_path):
     assert code == 0
     row = pd.read_csv(out, sep="\t").iloc[0]
     assert row["wall_s"] == 32.5 and row["max_rss_mb"] == 600.0
+
+
+def test_diverging_training_ends_in_one_line_and_exit_code_3(tmp_path, counts_dataset):
+    code, out = _normalize(tmp_path, counts_dataset["matrix_path"], counts_dataset["sheet_path"])
+    assert code == 0
+    code = main(
+        [
+            "order-loci",
+            "--matrix", str(out / "normalized.parquet"),
+            "--genes", "resources/hs_gene_coordinates.tsv.gz",
+            "--gene-id", "ensembl_id",
+            "--out-loci", str(out / "loci.parquet"),
+            "--out-matrix", str(out / "ordered.parquet"),
+            "--out-stats", str(out / "loci.json"),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    params = {
+        "model": {"patch_size": 4, "d_model": 8, "n_heads": 2, "n_layers": 1, "latent_dim": 4},
+        "train": {"lr": 1e30, "grad_clip": 0, "warmup_fraction": 0, "max_epochs": 3},
+    }
+    model = tmp_path / "model"
+    # A process of its own: what a job's log receives, logging and progress included.
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "locusformer", "train",
+            "--matrix", str(out / "ordered.parquet"),
+            "--loci", str(out / "loci.parquet"),
+            "--samples", str(out / "samples.tsv"),
+            "--batch-key", "batch",
+            "--params", json.dumps(params),
+            "--device", "cpu",
+            "--out-weights", str(model / "model.pt"),
+            "--out-config", str(model / "model.json"),
+            "--out-history", str(model / "history.tsv"),
+        ],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("locusformer train: error: ")
+    assert "diverged" in lines[-1] or "nan" in lines[-1] or "inf" in lines[-1], lines[-1]
+    assert [line for line in lines if "error" in line.lower()] == [lines[-1]], lines
+    assert "Traceback" not in result.stderr
+    assert not model.exists() or not any(model.iterdir()), "no partial output"
