@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from scipy.stats.contingency import association
 
-from locusformer import confounding, report
+from locusformer import confounding, report, report_sections
 from locusformer.cli import main
 from locusformer.errors import InputError
 
@@ -250,18 +250,18 @@ def test_verdict_never_crowns_a_correction_below_uncorrected() -> None:
             ]
         )
 
-    below = report.verdict(scores(uncorrected=0.7, combat=0.65, harmony=None))
+    below = report_sections.verdict(scores(uncorrected=0.7, combat=0.65, harmony=None))
     assert below["crowned"] == "uncorrected" and below["uncorrected_best"]
     assert below["best_correction"] == "combat"
-    above = report.verdict(scores(uncorrected=0.7, combat=0.65, harmony=0.72))
+    above = report_sections.verdict(scores(uncorrected=0.7, combat=0.65, harmony=0.72))
     assert above["crowned"] == "harmony" and not above["uncorrected_best"]
     assert above["sentence"] == "harmony scored best (total 0.720; uncorrected 0.700)."
-    tie = report.verdict(scores(uncorrected=0.7, combat=0.7))
+    tie = report_sections.verdict(scores(uncorrected=0.7, combat=0.7))
     assert tie["crowned"] == "uncorrected"
-    alone = report.verdict(scores(uncorrected=0.7, combat=None))
+    alone = report_sections.verdict(scores(uncorrected=0.7, combat=None))
     assert alone["crowned"] == "uncorrected" and "no correction has a score" in alone["sentence"]
-    assert report.verdict(scores(combat=0.5, harmony=0.6))["crowned"] == "harmony"
-    assert report.verdict(scores(combat=None)) is None
+    assert report_sections.verdict(scores(combat=0.5, harmony=0.6))["crowned"] == "harmony"
+    assert report_sections.verdict(scores(combat=None)) is None
 
 
 def test_summary_page_does_not_crown_a_method_below_uncorrected(tmp_path: Path) -> None:
