@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 
 import numpy as np
 import pandas as pd
@@ -58,6 +59,20 @@ def test_config_that_fails_its_schema_is_refused(tmp_path):
     assert result.returncode != 0
     said = result.stdout + result.stderr
     assert "n_top_genes" in said and "minimum" in said
+
+
+def test_a_typo_in_the_training_keys_fails_the_dry_run_in_one_line(tmp_path):
+    workdir = _workdir(tmp_path, {"training": {"max_epoch": 5}}, [_demo_row()])
+    started = time.monotonic()
+    result = _snakemake(workdir, "-n")
+    assert time.monotonic() - started < 60
+    assert result.returncode == 1
+    said = [line for line in (result.stdout + result.stderr).splitlines() if "error" in line]
+    assert len(said) == 1, result.stdout + result.stderr
+    assert said[0].startswith("locusformer workflow: error: config: training: unknown key")
+    assert "'max_epoch'" in said[0] and "max_epochs" in said[0]  # the valid keys
+    assert "Failed validating" not in result.stderr  # no schema dump
+    assert not (workdir / "results").exists()
 
 
 def test_combat_mod_without_protect_is_refused_before_any_job(tmp_path):

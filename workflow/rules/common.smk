@@ -5,10 +5,43 @@ import shlex
 import sys
 from pathlib import Path
 
+import jsonschema
 import pandas as pd
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-validate(config, schema="../schemas/config.schema.yaml")
+
+def refuse(message):
+    """Stop before any job runs, with one line (exit code 1), like the steps' own errors."""
+    raise SystemExit(f"locusformer workflow: error: {' '.join(str(message).split())}")
+
+
+def validated(data, schema, source):
+    """``validate`` (which fills in the defaults), its complaint as one line naming the key.
+
+    Snakemake's own message spreads the schema over a dozen lines.
+    """
+    try:
+        validate(data, schema=schema)
+    except WorkflowError as e:
+        error = e.__context__  # Snakemake raises WorkflowError while handling it
+        if not isinstance(error, jsonschema.ValidationError):
+            raise
+        where = ".".join(str(p) for p in error.absolute_path)
+        if error.validator == "additionalProperties":
+            unknown = sorted(set(error.instance) - set(error.schema["properties"]))
+            valid = ", ".join(error.schema["properties"])
+            problem = (
+                f"unknown key {', '.join(map(repr, unknown))} (valid keys: {valid})"
+            )
+        elif error.validator == "pattern" and "number" in error.schema["type"]:
+            problem = f"{error.instance!r} is not a number >= 0"  # a float as a string
+        else:
+            problem = error.message
+        refuse(": ".join([source, *filter(None, [where]), problem]))
+
+
+validated(config, "../schemas/config.schema.yaml", "config")
 
 
 # Files beside the per-dataset directories: a dataset must not be named like one of them.
@@ -27,7 +60,7 @@ def read_datasets(path):
     try:
         text = Path(path).read_text(encoding="utf-8-sig")
     except FileNotFoundError:
-        raise ValueError(f"{path}: datasets sheet not found")
+        refuse(f"{path}: datasets sheet not found")
     # Whole lines starting with "#" are comments; a "#" inside a cell (a path, a column
     # name) is kept.
     lines = [
@@ -42,24 +75,28 @@ def read_datasets(path):
         if (sheet[column] == "").all():
             sheet = sheet.drop(columns=column)
     if sheet.empty:
-        raise ValueError(f"{path}: the datasets sheet lists no dataset")
+        refuse(f"{path}: the datasets sheet lists no dataset")
     # Names that differ only in case share a directory on case-insensitive file systems.
     folded = sheet["name"].str.casefold()
     if folded.duplicated().any():
         twice = sheet.loc[folded.duplicated(), "name"].tolist()
-        raise ValueError(
+        refuse(
             f"{path}: dataset name(s) listed twice (case is ignored): {', '.join(twice)}"
         )
     taken = sheet.loc[folded.isin(RESERVED_NAMES), "name"].tolist()
     if taken:
-        raise ValueError(
+        refuse(
             f"{path}: dataset name(s) {', '.join(taken)} would clash with the workflow's own"
             f" files ({', '.join(sorted(RESERVED_NAMES))} in results/, logs/, benchmarks/out/)"
         )
     rows = []
     for _, row in sheet.iterrows():
         record = pd.DataFrame([{k: v for k, v in row.items() if v != ""}])
-        validate(record, schema="../schemas/datasets.schema.yaml")
+        validated(
+            record,
+            "../schemas/datasets.schema.yaml",
+            f"{path}, dataset {row['name']!r}",
+        )
         rows.append(record)
     return pd.concat(rows, ignore_index=True).set_index("name", drop=False)
 
@@ -165,7 +202,7 @@ BASELINES = ["uncorrected", *config["baselines"]]
 # Without a column to keep, combat_mod would be plain ComBat under another name: stop
 # before any job runs rather than after every dataset is normalized.
 if "combat_mod" in config["baselines"] and not config["protect"]:
-    raise ValueError(
+    refuse(
         "config: baselines lists combat_mod, but protect names no sample-sheet column"
         " whose effect it keeps (e.g. protect: [cell_line])"
     )
