@@ -12,9 +12,11 @@ import pytest
 from conftest import synthetic_groups
 
 from locusformer import baselines
-from locusformer.baselines import load_normalized, make_result, run_baseline, run_method
+from locusformer.baselines import load_normalized, run_baseline, run_method
 from locusformer.cli import build_parser, main
 from locusformer.errors import InputError
+from locusformer.pca import pca
+from locusformer.results import make_result, write_result
 
 
 def synthetic(**kwargs) -> ad.AnnData:
@@ -85,7 +87,7 @@ def test_make_result_embedding_round_trips(tmp_path: Path, adata: ad.AnnData) ->
         label_key="cell_type",
         uns={"epochs": 3},
     )
-    baselines.write_result(res, tmp_path / "r.h5ad")
+    write_result(res, tmp_path / "r.h5ad")
     back = ad.read_h5ad(tmp_path / "r.h5ad")
     assert back.uns["representation"] == "embedding"
     assert back.uns["epochs"] == 3
@@ -170,7 +172,7 @@ def test_harmony_gives_an_embedding_that_mixes_batches(adata: ad.AnnData) -> Non
     groups = adata.obs["cell_type"].to_numpy()
     x = np.asarray(adata.X, dtype=float)
     sd = x.std(axis=0, ddof=1)
-    pcs = baselines.pca((x - x.mean(axis=0)) / sd, 50)
+    pcs = pca((x - x.mean(axis=0)) / sd, 50)
     assert batch_centroid_gap(emb, batches, groups) < 0.5 * batch_centroid_gap(pcs, batches, groups)
     again = run_method("harmony", adata, "batch", seed=0)
     np.testing.assert_allclose(again.obsm["X_emb"], emb)  # seeded

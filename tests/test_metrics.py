@@ -13,7 +13,7 @@ from sklearn.decomposition import PCA
 from sklearn.neighbors import NearestNeighbors
 
 from locusformer import metrics
-from locusformer.baselines import failed_result, make_result, run_method, write_result
+from locusformer.baselines import failed_result, run_method
 from locusformer.errors import InputError
 from locusformer.metrics import (
     compute_neighbors,
@@ -22,6 +22,7 @@ from locusformer.metrics import (
     scoring_representation,
     within_batch_knn_jaccard,
 )
+from locusformer.results import make_result, write_result
 
 BIO = ["Isolated labels", "KMeans NMI", "KMeans ARI", "Silhouette label", "cLISI"]
 SIL = "BRAS" if hasattr(scib_metrics, "bras") else "Silhouette batch"

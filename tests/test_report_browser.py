@@ -17,7 +17,8 @@ import pytest
 from browser import ARTIFACTS, CATCH, CHROMIUM, PROBE, SKIP_REASON, chromium, probe, screenshot
 
 from locusformer import metrics, report
-from locusformer.baselines import failed_result, make_result, write_result
+from locusformer.baselines import failed_result
+from locusformer.results import make_result, write_result
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=SKIP_REASON)
 

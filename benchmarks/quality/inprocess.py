@@ -4,7 +4,7 @@
 that imports and JIT-compiles scib-metrics again (on this 2-core machine, under load, a
 couple of minutes per job). This script calls the same library functions the rules call
 (``baselines.run_method``, ``train.train_corrector``, ``correct.correct``,
-``baselines.make_result`` as ``locusformer-result`` does, ``metrics.score_method``) in one
+``results.make_result`` as ``locusformer-result`` does, ``metrics.score_method``) in one
 process, on the normalized and ordered matrices a ``run.py`` run already wrote (they do not
 depend on the seed), and writes ``summary.tsv`` and ``metrics.tsv`` files in the layout
 ``run.py --collect-only`` reads:
@@ -35,11 +35,12 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import VARIANT_BASELINES, VARIANTS, label_baselines, protected_columns
 
-from locusformer.baselines import make_result, run_method
+from locusformer.baselines import run_method
 from locusformer.correct import correct
 from locusformer.loci import shuffle_loci
 from locusformer.metrics import SUMMARY_COLUMNS, score_method
 from locusformer.parquet import read_matrix_parquet
+from locusformer.results import make_result
 from locusformer.train import split_params, train_corrector
 
 ROOT = Path(__file__).resolve().parents[2]

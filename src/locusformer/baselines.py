@@ -1,13 +1,8 @@
-"""Established batch-correction baselines and the "integration result" file format.
+"""Established batch-correction baselines, run on a dataset's normalized files.
 
 Every method works on the same normalized matrix (log-expression, samples x loci in
-genomic order) and returns an *integration result*: an :class:`~anndata.AnnData` with
-
-* ``obs``: the sample table (batch and label columns as categoricals),
-* ``var_names``: gene ids,
-* ``uns["method"]``, ``uns["status"]`` (``"ok"`` or ``"failed"``), ``uns["error"]`` (if failed),
-* ``uns["representation"]``: ``"matrix"`` (score ``.X``, the corrected matrix, on its PCA)
-  or ``"embedding"`` (score ``.obsm["X_emb"]`` as it is).
+genomic order) and returns an *integration result* (:mod:`locusformer.results`): the
+corrected matrix, or an embedding, with the sample table.
 
 Methods: ``uncorrected`` (the input as it is), ``combat`` (:func:`scanpy.pp.combat`),
 ``combat_mod`` (ComBat that keeps the effects of given sample-sheet columns, like
@@ -30,9 +25,10 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from locusformer.atomic import atomic_path
-from locusformer.errors import InputError
+from locusformer.errors import InputError, one_line
 from locusformer.parquet import read_matrix_parquet
+from locusformer.pca import n_pcs, pca
+from locusformer.results import categorical_obs, dense, make_result, write_result
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +36,6 @@ Method = Literal["uncorrected", "combat", "combat_mod", "harmony", "scvi", "sysv
 METHODS: tuple[str, ...] = typing.get_args(Method)
 #: methods whose result is an embedding (scored as it is), not a corrected matrix
 EMBEDDING_METHODS: frozenset[str] = frozenset({"harmony", "scvi", "sysvi"})
-EMBEDDING_KEY = "X_emb"
-MAX_PCS = 50
 #: scVI training epochs; None = scvi-tools' default (depends on the number of samples)
 SCVI_MAX_EPOCHS: int | None = None
 #: SysVI training epochs: the 200 of scvi-tools' SysVI tutorial
@@ -49,112 +43,8 @@ SYSVI_MAX_EPOCHS: int = 200
 #: SysVI's loss weights, as in its tutorial (the cycle weight is its one integration knob)
 SYSVI_PLAN_KWARGS: Mapping[str, float] = {"kl_weight": 1.0, "z_distance_cycle_weight": 5.0}
 
-Representation = Literal["matrix", "embedding"]
-
 
 # --------------------------------------------------------------------------- results
-
-
-def _categorical_obs(obs: pd.DataFrame, keys: Sequence[str | None]) -> pd.DataFrame:
-    obs = obs.copy()
-    obs.index = obs.index.astype(str)
-    obs.index.name = "sample_id"
-    for key in keys:
-        if key is not None and key in obs.columns:
-            col = obs[key]
-            if not isinstance(col.dtype, pd.CategoricalDtype):
-                col = col.astype("string").astype("category")
-            # categories must be strings so that they survive h5ad round trips unchanged
-            obs[key] = col.cat.rename_categories([str(c) for c in col.cat.categories])
-    return obs
-
-
-def make_result(
-    data: ad.AnnData | np.ndarray | pd.DataFrame | None,
-    *,
-    method: str,
-    representation: Representation,
-    obs: pd.DataFrame | None = None,
-    var_names: Sequence[str] | None = None,
-    embedding: np.ndarray | None = None,
-    batch_key: str | None = None,
-    label_key: str | None = None,
-    status: Literal["ok", "failed"] = "ok",
-    error: str | None = None,
-    uns: Mapping[str, object] | None = None,
-) -> ad.AnnData:
-    """Build an integration result.
-
-    ``data`` gives ``.X`` (the corrected matrix for ``representation="matrix"``; the input
-    matrix, or ``None``, for ``"embedding"``) and, when it is an AnnData or DataFrame, the
-    sample ids / gene ids. ``obs`` (the sample table) and ``var_names`` override them.
-    ``embedding`` (samples x dims) goes to ``.obsm["X_emb"]`` and is required for
-    ``representation="embedding"`` unless ``status="failed"``.
-    """
-    if representation not in ("matrix", "embedding"):
-        raise ValueError(f"representation must be 'matrix' or 'embedding', not {representation!r}")
-    if status not in ("ok", "failed"):
-        raise ValueError(f"status must be 'ok' or 'failed', not {status!r}")
-
-    x: np.ndarray | None
-    if isinstance(data, ad.AnnData):
-        x = None if data.X is None else _dense(data.X)
-        obs = data.obs if obs is None else obs
-        var_names = list(data.var_names) if var_names is None else var_names
-    elif isinstance(data, pd.DataFrame):
-        x = data.to_numpy()
-        if obs is None:
-            obs = pd.DataFrame(index=data.index.astype(str))
-        var_names = [str(c) for c in data.columns] if var_names is None else var_names
-    else:
-        x = None if data is None else np.asarray(data)
-
-    n_obs = (
-        len(obs)
-        if obs is not None
-        else (x.shape[0] if x is not None else (embedding.shape[0] if embedding is not None else 0))
-    )
-    if obs is None:
-        obs = pd.DataFrame(index=[f"s{i}" for i in range(n_obs)])
-    if x is not None and x.shape[0] != len(obs):
-        raise ValueError(f"matrix has {x.shape[0]} rows but the sample table {len(obs)}")
-    if var_names is None:
-        var_names = [f"g{i}" for i in range(x.shape[1])] if x is not None else []
-    if x is not None and x.shape[1] != len(var_names):
-        raise ValueError(f"matrix has {x.shape[1]} columns but there are {len(var_names)} gene ids")
-
-    if status == "ok":
-        if representation == "matrix" and x is None:
-            raise ValueError("a 'matrix' result needs the corrected matrix in data")
-        if representation == "embedding" and embedding is None:
-            raise ValueError("an 'embedding' result needs embedding=")
-
-    var = pd.DataFrame(index=pd.Index([str(v) for v in var_names], name="gene_id"))
-    result = ad.AnnData(
-        X=None if x is None else x.astype(np.float32, copy=False),
-        obs=_categorical_obs(obs, [batch_key, label_key]),
-        var=var,
-    )
-    if embedding is not None:
-        emb = np.asarray(embedding, dtype=np.float32)
-        if emb.ndim != 2 or emb.shape[0] != result.n_obs:
-            raise ValueError(f"embedding must be samples x dims, got shape {emb.shape}")
-        result.obsm[EMBEDDING_KEY] = emb
-    result.uns["method"] = str(method)
-    result.uns["status"] = status
-    result.uns["representation"] = representation
-    if status == "failed":
-        result.uns["error"] = one_line(error or "failed without a message")
-    for key, value in (uns or {}).items():
-        if value is not None:
-            result.uns[key] = value
-    return result
-
-
-def one_line(message: object, limit: int = 500) -> str:
-    """Collapse a message onto one line (and cut it at ``limit`` characters)."""
-    text = " ".join(str(message).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def failed_result(
@@ -182,12 +72,6 @@ def failed_result(
     )
 
 
-def write_result(result: ad.AnnData, path: str | os.PathLike) -> None:
-    """Write an integration result atomically."""
-    with atomic_path(path) as tmp:
-        result.write_h5ad(tmp)
-
-
 # --------------------------------------------------------------------------- methods
 
 
@@ -213,26 +97,6 @@ def _need_batches(method: str, batches: pd.Series, min_per_batch: int = 1) -> No
         )
 
 
-def n_pcs(n_obs: int, n_vars: int, max_pcs: int = MAX_PCS) -> int:
-    """Number of principal components: ``min(max_pcs, n_obs - 1, n_vars - 1)`` (at least 1)."""
-    return max(1, min(max_pcs, n_obs - 1, n_vars - 1))
-
-
-def pca(x: np.ndarray, n_comps: int, seed: int = 0) -> np.ndarray:
-    """Principal components of ``x`` (centred, not scaled) with ARPACK, as float64."""
-    from sklearn.decomposition import PCA
-
-    x = np.asarray(x, dtype=np.float64)
-    n_comps = min(n_comps, min(x.shape) - 1)
-    if n_comps < 1:
-        raise ValueError(f"cannot compute a PCA of a {x.shape[0]} x {x.shape[1]} matrix")
-    return PCA(n_components=n_comps, svd_solver="arpack", random_state=seed).fit_transform(x)
-
-
-def _dense(x) -> np.ndarray:
-    return x.toarray() if hasattr(x, "toarray") else np.asarray(x)
-
-
 def _check_finite(method: str, x: np.ndarray) -> None:
     bad = ~np.isfinite(x)
     if bad.any():
@@ -243,7 +107,7 @@ def _check_finite(method: str, x: np.ndarray) -> None:
 
 
 def _uncorrected(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData:
-    x = _dense(adata.X).astype(np.float32)
+    x = dense(adata.X).astype(np.float32)
     return make_result(
         x,
         method="uncorrected",
@@ -262,6 +126,8 @@ def display_name(method: str, covariates: Sequence[str] = ()) -> str | None:
     """
     if method == "combat_mod" and covariates:
         return f"combat_mod (mod: {', '.join(covariates)})"
+    if covariates:  # LocusFormer trained with protected columns
+        return f"{method} (protected: {', '.join(covariates)})"
     return None
 
 
@@ -306,7 +172,7 @@ def _combat(
     batches = _batches(adata, batch_key)
     _need_batches("ComBat", batches, min_per_batch=2)
     check_covariates(covariates, adata.obs, batch_key, "samples")
-    x = _dense(adata.X).astype(np.float64)
+    x = dense(adata.X).astype(np.float64)
     if not np.isfinite(x).all():
         raise InputError("normalized matrix", "contains non-finite values")
 
@@ -366,7 +232,7 @@ def _harmony(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData
 
     batches = _batches(adata, batch_key)
     _need_batches("Harmony", batches, min_per_batch=1)
-    x = _dense(adata.X).astype(np.float64)
+    x = dense(adata.X).astype(np.float64)
     if not np.isfinite(x).all():
         raise InputError("normalized matrix", "contains non-finite values")
     # scale each gene to zero mean and unit variance (constant genes stay 0), clip at 10 SD
@@ -389,7 +255,7 @@ def _harmony(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData
         z = z.T
     _check_finite("Harmony", z)
     return make_result(
-        _dense(adata.X).astype(np.float32),
+        dense(adata.X).astype(np.float32),
         method="harmony",
         representation="embedding",
         obs=adata.obs,
@@ -425,7 +291,7 @@ def _scvi(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData:
     if isinstance(counts, pd.DataFrame):
         counts_df = counts
     elif isinstance(counts, ad.AnnData):
-        counts_df = pd.DataFrame(_dense(counts.X), index=counts.obs_names, columns=counts.var_names)
+        counts_df = pd.DataFrame(dense(counts.X), index=counts.obs_names, columns=counts.var_names)
     else:
         raise TypeError("counts must be a DataFrame or an AnnData")
     counts_df.index = counts_df.index.astype(str)
@@ -449,7 +315,7 @@ def _scvi(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData:
     z = np.asarray(model.get_latent_representation())
     _check_finite("scVI", z)
     return make_result(
-        _dense(adata.X).astype(np.float32),
+        dense(adata.X).astype(np.float32),
         method="scvi",
         representation="embedding",
         obs=adata.obs,
@@ -465,7 +331,7 @@ def _sysvi(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData:
     # the same normalized matrix as ComBat and Harmony.
     batches = _batches(adata, batch_key)
     _need_batches("SysVI", batches, min_per_batch=1)
-    x = _dense(adata.X).astype(np.float32)
+    x = dense(adata.X).astype(np.float32)
     if not np.isfinite(x).all():
         raise InputError("normalized matrix", "contains non-finite values")
     try:
@@ -493,7 +359,7 @@ def _sysvi(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData:
     z = np.asarray(model.get_latent_representation(work))
     _check_finite("SysVI", z)
     return make_result(
-        _dense(adata.X).astype(np.float32),
+        dense(adata.X).astype(np.float32),
         method="sysvi",
         representation="embedding",
         obs=adata.obs,
@@ -621,7 +487,7 @@ def load_normalized(
     if obs[batch_key].isna().any():
         raise InputError(samples_path, f"column {batch_key!r} has missing values")
     check_covariates(covariates, obs, batch_key, samples_path)
-    obs = _categorical_obs(obs, [batch_key, label_key])
+    obs = categorical_obs(obs, [batch_key, label_key])
     adata = ad.AnnData(X=matrix.to_numpy(dtype=np.float32), obs=obs)
     adata.var_names = list(matrix.columns)
     return adata

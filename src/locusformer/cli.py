@@ -241,7 +241,7 @@ def _baseline(args: argparse.Namespace) -> None:
 def _locusformer_result(args: argparse.Namespace) -> None:
     import anndata as ad
 
-    from .baselines import make_result, write_result
+    from .results import make_result, write_result
 
     corrected = ad.read_h5ad(args.h5ad)
     keys = [args.batch_key, args.label_key]

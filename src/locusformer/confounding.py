@@ -18,7 +18,7 @@ Without labels (and beside them):
 
 * the **R² of each top principal component on batch** (one-way ANOVA: between-batch sum of
   squares over the total), for the ``n_pcs`` components the metrics use
-  (:func:`locusformer.baselines.n_pcs`, :func:`locusformer.baselines.pca`), summarised as
+  (:func:`locusformer.pca.n_pcs`, :func:`locusformer.pca.pca`), summarised as
   the variance-weighted R² over those components: the share of the variance of the main
   axes that batch membership explains. Chance level (no batch effect) is about
   ``(n_batches - 1) / (n_samples - 1)``. This measures how strong the batch effect is; it
@@ -218,10 +218,10 @@ def pca_statistics(
 ) -> dict[str, Any]:
     """Batch R² of the top principal components of ``x`` (samples x genes).
 
-    ``n_comps`` defaults to the metrics' rule, :func:`locusformer.baselines.n_pcs`; the
-    components are those of :func:`locusformer.baselines.pca` (centred, not scaled).
+    ``n_comps`` defaults to the metrics' rule, :func:`locusformer.pca.n_pcs`; the
+    components are those of :func:`locusformer.pca.pca` (centred, not scaled).
     """
-    from locusformer.baselines import n_pcs, pca
+    from locusformer.pca import n_pcs, pca
 
     x = np.asarray(x, dtype=np.float64)
     k = n_pcs(x.shape[0], x.shape[1]) if n_comps is None else n_comps

@@ -43,8 +43,9 @@ import numpy as np
 import pandas as pd
 
 from locusformer import atomic
-from locusformer.baselines import EMBEDDING_KEY, n_pcs, one_line, pca
-from locusformer.errors import InputError
+from locusformer.errors import InputError, one_line
+from locusformer.pca import n_pcs, pca
+from locusformer.results import EMBEDDING_KEY
 
 log = logging.getLogger(__name__)
 

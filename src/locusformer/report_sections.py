@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from locusformer.baselines import one_line, pca
-from locusformer.errors import InputError
+from locusformer.errors import InputError, one_line
+from locusformer.pca import pca
 from locusformer.report_figures import (
     attention_figure,
     embedding_figure,
