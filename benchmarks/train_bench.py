@@ -18,8 +18,9 @@ import statistics
 import torch
 
 from locusformer.config import ModelConfig
+from locusformer.runtime import resolve_device
 from locusformer.simulate import simulate
-from locusformer.train import TrainConfig, resolve_device, train_corrector
+from locusformer.train import TrainConfig, train_corrector
 
 
 def main() -> None:

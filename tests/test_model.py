@@ -15,14 +15,11 @@ from locusformer.attention import linear
 from locusformer.config import ModelConfig, TrainConfig
 from locusformer.errors import InputError
 from locusformer.layout import build_layout
+from locusformer.losses import batch_mean_distance, batch_mmd, confusion_loss, grad_reverse
 from locusformer.model import (
     UNPLACED,
     LocusFormer,
-    batch_mean_distance,
-    batch_mmd,
     chromosome_code,
-    confusion_loss,
-    grad_reverse,
     masked_mean,
     sinusoidal_encoding,
 )

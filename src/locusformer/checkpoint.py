@@ -48,6 +48,7 @@ def fingerprint(
     model_config: ModelConfig,
     train_config: TrainConfig,
     seed: int,
+    covariates: np.ndarray | None = None,
 ) -> str:
     """Hash of everything that determines a training run (not the device)."""
     h = hashlib.blake2b(digest_size=16)
@@ -66,6 +67,8 @@ def fingerprint(
     }
     h.update(json.dumps(meta, sort_keys=True).encode())
     h.update(memoryview(X).cast("B"))
+    if covariates is not None:
+        h.update(np.ascontiguousarray(covariates, dtype=np.int64).tobytes())
     return h.hexdigest()
 
 
@@ -190,6 +193,9 @@ class ModelRecord:
     loci: pd.DataFrame | None = None
     seed: int | None = None
     normalization: dict[str, Any] | None = None
+    # Sample-sheet columns whose biology training kept (batch removed within their
+    # levels); reports mark such a model as one that used labels.
+    protect: list[str] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=versions)
 
     def __post_init__(self) -> None:
@@ -288,6 +294,7 @@ def save_model(
         "torch_version": record.versions.get("torch"),
         "seed": record.seed,
         "normalization": record.normalization,
+        "protect": list(record.protect),
     }
     save_atomic(payload, weights_path)
     atomic.write_text(config_path, json.dumps(config, indent=2) + "\n")
@@ -332,6 +339,7 @@ def load_model(weights_path: str | os.PathLike, config_path: str | os.PathLike) 
             loci=_loci_from_plain(payload.get("loci")),
             seed=config.get("seed"),
             normalization=config.get("normalization"),
+            protect=list(config.get("protect") or []),
             versions={
                 "locusformer": config.get("locusformer_version"),
                 "torch": config.get("torch_version"),

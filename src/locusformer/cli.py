@@ -166,6 +166,7 @@ def _train(args: argparse.Namespace) -> None:
         checkpoint_path=args.checkpoint,
         seed=args.seed,
         device=args.device,
+        protect=args.protect or (),
     )
 
 
@@ -241,6 +242,7 @@ def _baseline(args: argparse.Namespace) -> None:
 def _locusformer_result(args: argparse.Namespace) -> None:
     import anndata as ad
 
+    from .baselines import display_name
     from .results import make_result, write_result
 
     corrected = ad.read_h5ad(args.h5ad)
@@ -265,6 +267,9 @@ def _locusformer_result(args: argparse.Namespace) -> None:
             batch_key=keys[0],
             label_key=keys[1],
         )
+    protect = list(corrected.uns.get("locusformer", {}).get("protect", []))
+    if protect:  # trained with labels: the report's rows must say so
+        result.uns.update(covariates=protect, display_name=display_name(args.method, protect))
     write_result(result, args.out)
 
 
@@ -464,6 +469,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-weights", required=True)
     p.add_argument("--out-config", required=True)
     p.add_argument("--out-history", required=True)
+    p.add_argument(
+        "--protect",
+        action="append",
+        metavar="COLUMN",
+        help="sample-sheet column of biology to keep: batch is removed within its levels",
+    )
 
     p = commands.add_parser("correct", help="apply a trained corrector")
     p.add_argument("--matrix", required=True, help="ordered.parquet")

@@ -23,6 +23,7 @@ PositionScale = Literal["rank", "coordinate"]
 LocusEmbeddingMode = Literal["vector", "affine", "none"]
 Adversary = Literal["confusion", "reversal"]
 DataOnDisk = Literal["auto", "always", "never"]
+Alignment = Literal["shared", "global"]
 
 
 def config_from_dict(cls: type, data: Mapping[str, Any] | None, source: str) -> Any:
@@ -169,6 +170,12 @@ class TrainConfig:
     # two sets onto those lines (BENCHMARKS.md, "How the defaults were chosen").
     batch_mean_weight: float = 0.2
     mmd_weight: float = 0.0
+    # Which batches each sample is aligned with (locusformer.alignment). "shared": only
+    # those holding its biology, found label-free as mutual nearest neighbours, so a cell
+    # type that one batch alone holds is not pulled toward the others; "global": every
+    # batch, at the batch frequencies.
+    alignment: Alignment = "global"
+    alignment_neighbors: int = 20  # k of the mutual nearest neighbours
     adversary_rampup_epochs: int = 20  # all batch-removal weights ramp up linearly
     lr: float = 1e-3
     weight_decay: float = 1e-2
@@ -213,6 +220,7 @@ class TrainConfig:
             "adversary_rampup_epochs": lambda v: v >= 0,
             "batch_mean_weight": lambda v: v >= 0,
             "mmd_weight": lambda v: v >= 0,
+            "alignment_neighbors": lambda v: v >= 1,
             "lr": lambda v: v > 0,
             "weight_decay": lambda v: v >= 0,
             "batch_size": lambda v: v >= 1,

@@ -458,10 +458,30 @@ def _open_outputs(
     if h5ad_out is not None:
         loci = model.loci
         h5ad = outputs.enter_context(
-            h5ad_writer(h5ad_out, samples, genes, loci, model.config.latent_dim)
+            h5ad_writer(
+                h5ad_out,
+                samples,
+                genes,
+                loci,
+                model.config.latent_dim,
+                {"locusformer": _uns(model)},
+            )
         )
         writers.append(lambda rows, ids, X, c, z: h5ad(rows, X, c, z))
     return writers
+
+
+def _uns(model: TrainedModel) -> dict[str, Any]:
+    """What the .h5ad says of the model that corrected it (``uns["locusformer"]``)."""
+    record = model.record
+    uns: dict[str, Any] = {
+        "batch_names": list(record.batch_names),
+        "protect": list(record.protect),
+        "versions": {k: str(v) for k, v in record.versions.items()},
+    }
+    if record.seed is not None:
+        uns["seed"] = int(record.seed)
+    return uns
 
 
 @contextlib.contextmanager
@@ -471,6 +491,7 @@ def h5ad_writer(
     genes: pd.Index,
     loci: pd.DataFrame | None,
     latent_dim: int,
+    uns: dict[str, Any] | None = None,
 ) -> Iterator[Callable[[slice, np.ndarray, np.ndarray, np.ndarray], None]]:
     """Atomically write correct's .h5ad one block of rows at a time.
 
@@ -498,7 +519,7 @@ def h5ad_writer(
             frame[column] = frame[column].astype(str).astype("category")
     n, n_loci = len(obs), len(var)
     with atomic.atomic_path(path) as tmp:
-        ad.AnnData(obs=obs, var=var).write_h5ad(Path(tmp))
+        ad.AnnData(obs=obs, var=var, uns=uns or {}).write_h5ad(Path(tmp))
         del obs, var  # written; held by this generator's frame until the end otherwise
         with h5py.File(tmp, "r+") as handle:
             datasets = [

@@ -112,18 +112,44 @@ class Rows:
         return (torch.from_numpy(block) - self._mean) / self._std
 
 
+class StandardizedRows:
+    """``Rows`` seen as a numpy array: ``rows[i:j]`` and ``rows[idx]`` standardized."""
+
+    def __init__(self, rows: Rows) -> None:
+        self._rows = rows
+        self.shape = rows.shape
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        idx = np.arange(self.shape[0])[index]
+        return self._rows.index_select(0, torch.from_numpy(np.atleast_1d(idx))).numpy()
+
+
 def minibatches(
-    Xs: Rows, codes: torch.Tensor, rows: torch.Tensor, batch_size: int, dev: torch.device
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Yield (x, batch) for ``rows`` in chunks, on ``dev``."""
+    Xs: Rows,
+    codes: torch.Tensor,
+    rows: torch.Tensor,
+    batch_size: int,
+    dev: torch.device,
+    targets: torch.Tensor | None = None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """Yield (x, batch, target) for ``rows`` in chunks, on ``dev``.
+
+    ``targets`` (n, N), when given, is each sample's adversary target; else ``None``.
+    """
     cuda = dev.type == "cuda"
     for chunk in rows.split(batch_size):
         xb, bb = Xs.index_select(0, chunk), codes.index_select(0, chunk)
+        tb = None if targets is None else targets.index_select(0, chunk)
         if cuda:
             # The caching host allocator keeps a pinned block alive until its copy is
             # done, so the non-blocking copy from a fresh pinned tensor is safe.
             xb, bb = xb.pin_memory(), bb.pin_memory()
-        yield xb.to(dev, non_blocking=cuda), bb.to(dev, non_blocking=cuda)
+            tb = None if tb is None else tb.pin_memory()
+        tb = None if tb is None else tb.to(dev, non_blocking=cuda)
+        yield xb.to(dev, non_blocking=cuda), bb.to(dev, non_blocking=cuda), tb
 
 
 def batch_prior(codes: np.ndarray, n_batches: int, device: torch.device) -> torch.Tensor:

@@ -15,8 +15,8 @@ Read top to bottom:
 8. ``LocusFormer`` - ties it together, owns the per-gene standardization and computes
    its own loss (``Loss``, weighted by ``LossWeights``).
 
-The module knows tensors only: it imports torch, the standard library and the attention
-layer. The settings
+The module knows tensors only: it imports torch, the standard library, the attention
+layer and the batch-removal terms (:mod:`locusformer.losses`). The settings
 are parsed in :mod:`locusformer.config`, the loci table becomes a ``LocusLayout`` in
 :mod:`locusformer.layout`, and what a trained model carries beside its weights is in
 :mod:`locusformer.checkpoint`.
@@ -35,6 +35,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from locusformer.attention import MultiHeadSelfAttention, linear
+from locusformer.losses import (
+    batch_mean_distance,
+    batch_mmd,
+    confusion_loss,
+    frozen_call,
+    grad_reverse,
+)
 
 if TYPE_CHECKING:  # the core takes any object with these fields; parsing lives elsewhere
     from locusformer.config import ModelConfig
@@ -239,47 +246,6 @@ def masked_mean(h: Tensor, key_padding_mask: Tensor | None, scaled: bool = False
 # --------------------------------------------------------------------------------------
 
 
-class GradientReversal(torch.autograd.Function):
-    """Identity forward; multiplies the gradient by -weight backward.
-
-    The discriminator behind it learns to predict the batch at full strength while the
-    encoder is pushed, with strength ``weight``, to make that impossible.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: float) -> Tensor:
-        ctx.weight = weight
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return -ctx.weight * grad, None
-
-
-def grad_reverse(x: Tensor, weight: float) -> Tensor:
-    return GradientReversal.apply(x, weight)
-
-
-def frozen_call(module: nn.Module, x: Tensor) -> Tensor:
-    """``module(x)`` with the gradient flowing into ``x`` only, not into the parameters."""
-    params = {name: p.detach() for name, p in module.named_parameters()}
-    return torch.func.functional_call(module, params, (x,))
-
-
-def confusion_loss(logits: Tensor, prior: Tensor) -> Tensor:
-    """Cross-entropy of discriminator logits (B, N) against the batch prior (N,).
-
-    The encoder's adversarial objective in "confusion" mode: the latent should leave the
-    discriminator no better than the batch frequencies. Unlike maximizing the
-    discriminator's error (gradient reversal), which drives a cell toward wherever the
-    discriminator is surest of *another* batch, this drives it toward where the
-    discriminator is unsure. That matters when batches hold different cell types: a
-    cell type present in some batches only is a region the discriminator is sure about,
-    and reversal pulls the other batches' cells into it.
-    """
-    return -(prior.to(logits.dtype) * F.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
-
-
 class BatchDiscriminator(nn.Module):
     """MLP latent (B, Z) -> batch logits (B, N)."""
 
@@ -295,51 +261,6 @@ class BatchDiscriminator(nn.Module):
 
     def forward(self, z: Tensor) -> Tensor:
         return self.net(z)
-
-
-def batch_mean_distance(z: Tensor, batch: Tensor, n_batches: int, ridge: float = 1e-2) -> Tensor:
-    """Between-batch spread of the latent means, whitened by the within-batch covariance.
-
-    sum_b (n_b / n) (mu_b - mu)^T (S_w + ridge * tr(S_w)/Z * I)^-1 (mu_b - mu): the
-    Fisher ratio a linear classifier of the batch would exploit. Whitening makes it
-    scale-free, so batch information cannot hide in a low-variance direction, and being
-    quadratic it does not saturate (a confident discriminator passes back almost no
-    gradient; this term does). 0 when one batch only is present. Like ``batch_mmd`` it
-    has no data-dependent branches, so it never waits on the GPU.
-    """
-    z = z.float()
-    n, Z = z.shape
-    onehot = F.one_hot(batch, n_batches).float()  # (B, N)
-    counts = onehot.sum(dim=0)  # (N,)
-    means = (onehot.T @ z) / counts.clamp_min(1.0)[:, None]  # (N, Z); 0 for absent batches
-    centered = z - means[batch]  # (B, Z) within-batch deviations
-    dof = (n - (counts > 0).sum()).clamp_min(1)
-    s_w = centered.T @ centered / dof  # (Z, Z)
-    s_w = s_w + ridge * (s_w.trace() / Z + 1e-8) * torch.eye(Z, device=z.device)
-    d = means - z.mean(dim=0)  # (N, Z)
-    solved = torch.linalg.solve(s_w, d.T).T  # (N, Z) = S_w^-1 d
-    return ((counts / n)[:, None] * d * solved).sum()  # absent batches weigh 0
-
-
-def batch_mmd(z: Tensor, batch: Tensor, n_batches: int) -> Tensor:
-    """Mean over batches of MMD^2(latent of batch b, latent of all other batches).
-
-    Gaussian kernels at several bandwidths around the mean squared distance, so the term
-    does not depend on the scale of the latent. Batches absent from (or alone in) the
-    minibatch count for nothing.
-    """
-    z = z.float()
-    d2 = torch.cdist(z, z).pow(2)  # (B, B)
-    scale = d2.detach().mean().clamp_min(1e-8)
-    kernel = sum(torch.exp(-d2 / (scale * s)) for s in (0.25, 1.0, 4.0))  # (B, B)
-    inside = F.one_hot(batch, n_batches).float()  # (B, N)
-    outside = 1.0 - inside
-    n_in, n_out = inside.sum(dim=0), outside.sum(dim=0)  # (N,)
-    k_in = (inside * (kernel @ inside)).sum(dim=0) / n_in.clamp_min(1.0) ** 2
-    k_out = (outside * (kernel @ outside)).sum(dim=0) / n_out.clamp_min(1.0) ** 2
-    k_cross = (inside * (kernel @ outside)).sum(dim=0) / (n_in * n_out).clamp_min(1.0)
-    valid = ((n_in > 0) & (n_out > 0)).float()  # (N,)
-    return ((k_in + k_out - 2 * k_cross) * valid).sum() / valid.sum().clamp_min(1.0)
 
 
 # --------------------------------------------------------------------------------------
@@ -376,6 +297,33 @@ class BatchConditionedDecoder(nn.Module):
 # --------------------------------------------------------------------------------------
 # The whole model
 # --------------------------------------------------------------------------------------
+
+
+class BatchAdapter(nn.Module):
+    """Parameters of batches a trained model never saw, learned with the model frozen.
+
+    Per new batch and locus: a shift and a log-scale applied to the standardized input,
+    ``(x - shift_in) * exp(-log_scale_in)``, which take the batch's effect out before
+    the (frozen, batch-free) encoder; and a shift added to the decoder's output, which
+    lets the reconstruction objective account for the batch's effect on the way out
+    instead of forcing it into the latent. They start at zero: the adapter begins as
+    the zero-shot mapping. Only these are trained (scArches' idea, Lotfollahi et al.
+    2022: new conditions get new weights; the reference's weights do not move).
+    """
+
+    def __init__(self, n_new: int, n_loci: int):
+        super().__init__()
+        self.shift_in = nn.Parameter(torch.zeros(n_new, n_loci))
+        self.log_scale_in = nn.Parameter(torch.zeros(n_new, n_loci))
+        self.shift_out = nn.Parameter(torch.zeros(n_new, n_loci))
+
+    def adapt(self, x: Tensor, new: Tensor) -> Tensor:
+        """Standardized x (B, L) of new-batch codes ``new`` (B,) -> adapted input (B, L)."""
+        return (x - self.shift_in[new]) * torch.exp(-self.log_scale_in[new])
+
+    def output(self, recon: Tensor, new: Tensor) -> Tensor:
+        """Decoder output (B, L) -> the new batch's reconstruction (B, L)."""
+        return recon + self.shift_out[new]
 
 
 class ModelOutput(NamedTuple):
@@ -530,15 +478,17 @@ class LocusFormer(nn.Module):
         prior: Tensor | None = None,
         *,
         share: float = 1.0,
-        stats: tuple[Tensor, Tensor] | None = None,
+        stats: tuple[Tensor, Tensor, Tensor | None] | None = None,
     ) -> Loss:
         """The training objective of :meth:`forward`'s ``out`` on standardized ``x`` (B, L).
 
         The discriminator minimizes its cross-entropy at full strength. Under "reversal"
         the encoder receives -weight times that gradient through ``out``; under
         "confusion" the encoder's term is ``weights.confusion`` x :func:`confusion_loss`
-        against ``prior`` (N,), the batch frequencies. The batch-statistic terms need a
-        whole minibatch: ``stats`` = (latent (M, Z), batch codes (M,)) of all of it when
+        against ``prior``: (N,) the batch frequencies, or (B, N) a target per sample
+        (:mod:`locusformer.alignment`), whose samples with their own batch alone as target
+        the batch means leave out. The batch-statistic terms need a whole minibatch:
+        ``stats`` = (latent (M, Z), batch codes (M,), targets (M, N) or None) of all of it when
         this process holds a share only (DDP), whose per-sample terms then weigh
         ``share`` (its rows x processes / M), so that averaging the processes' gradients
         gives the gradient of the whole minibatch's loss.
@@ -549,8 +499,13 @@ class LocusFormer(nn.Module):
             confusion = torch.zeros((), device=out.latent.device)
         else:
             confusion = confusion_loss(out.confusion_logits, prior)
-        z, b = stats if stats is not None else (out.latent, batch)
-        batch_mean = batch_mean_distance(z, b, self.n_batches)
+        z, b, targets = stats if stats is not None else (out.latent, batch, prior)
+        shared = None
+        if targets is not None and targets.dim() == 2:
+            # Per-sample targets: a sample whose target is its own batch alone holds
+            # biology no other batch has, and the batch means leave it out.
+            shared = (targets.max(dim=-1).values < 1.0).float()
+        batch_mean = batch_mean_distance(z, b, self.n_batches, weight=shared)
         mmd = batch_mmd(z, b, self.n_batches)
         per_sample = recon + adversary + weights.confusion * confusion
         if share != 1.0:

@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from locusformer import atomic
+from locusformer.alignment import adversary_targets, covariate_levels
 from locusformer.checkpoint import (
     ModelRecord,
     TrainedModel,
@@ -38,13 +39,13 @@ from locusformer.checkpoint import (
 from locusformer.config import ModelConfig, TrainConfig, split_params
 from locusformer.data import (
     Rows,
+    StandardizedRows,
     as_matrix,
     batch_prior,
     column_stats,
     minibatches,
     ordered_matrix,
     read_batches,
-    read_ordered,
     row_blocks,
     stratified_split,
 )
@@ -52,7 +53,7 @@ from locusformer.distributed import Dist, gather_rows, init_distributed
 from locusformer.errors import InputError, TrainingDivergedError
 from locusformer.layout import build_layout
 from locusformer.model import LocusFormer, Loss, LossWeights
-from locusformer.runtime import autocast, deterministic, resolve_device, seed_everything
+from locusformer.runtime import autocast, deterministic, seed_everything
 from locusformer.schedule import (
     configure_optimizer,
     epoch_plan,
@@ -105,6 +106,9 @@ class _Run:
     rampup_epochs: float = 0.0  # of the batch-removal weights, scaled like epochs
     patience: int = 0  # epochs, scaled like epochs; 0: no early stopping
     batch_prior: torch.Tensor | None = None  # (N,) batch frequencies of the training rows
+    # (n, N) on the host: each sample's adversary target (see locusformer.alignment);
+    # None: batch_prior for every sample.
+    targets: torch.Tensor | None = None
 
 
 def train_corrector(
@@ -120,6 +124,7 @@ def train_corrector(
     log_path: str | os.PathLike | None = None,
     progress: bool = True,
     on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
+    covariates: np.ndarray | None = None,
 ) -> tuple[TrainedModel, pd.DataFrame]:
     """Train a batch corrector on ``X`` (samples x loci log-expression, genomic order).
 
@@ -140,6 +145,10 @@ def train_corrector(
         Per-epoch TSV of the history, rewritten after every epoch.
     on_epoch_end
         Called with (epoch, history row) after each epoch's checkpoint is written.
+    covariates
+        (n,) integer level of each sample's protected biology
+        (:func:`locusformer.alignment.covariate_levels`): batch is removed only within
+        each level, as ComBat's ``mod`` does. None: label-free.
 
     Returns
     -------
@@ -169,13 +178,17 @@ def train_corrector(
         raise InputError("expression matrix", f"need at least 2 samples, got {n}")
     batch_names = sorted(set(labels))
     codes = np.array([batch_names.index(b) for b in labels], dtype=np.int64)
+    if covariates is not None:
+        covariates = np.asarray(covariates, dtype=np.int64)
+        if covariates.shape != (n,) or covariates.min(initial=0) < 0:
+            raise InputError("covariates", f"expected {n} levels >= 0, got {covariates.shape}")
     gene_ids = loci["gene_id"].astype(str).tolist() if "gene_id" in loci.columns else None
     dist, dev = init_distributed(tc.devices, device)
     n_bad_inputs = sum(int(block.size - np.isfinite(block).sum()) for block in row_blocks(X))
     try:
         return _train(
             X, labels, loci, mc, tc, seed, dev, dist, codes, batch_names, gene_ids,
-            n_bad_inputs, checkpoint_path, log_path, progress, on_epoch_end,
+            n_bad_inputs, checkpoint_path, log_path, progress, on_epoch_end, covariates,
         )  # fmt: skip
     finally:
         if dist is not None and dist.owns_group:
@@ -199,6 +212,7 @@ def _train(
     log_path: str | os.PathLike | None,
     progress: bool,
     on_epoch_end: Callable[[int, dict[str, float]], None] | None,
+    covariates: np.ndarray | None,
 ) -> tuple[TrainedModel, pd.DataFrame]:
     rank0 = dist is None or dist.rank == 0
 
@@ -227,7 +241,7 @@ def _train(
         )
         generator = torch.Generator().manual_seed(seed)
         state = TrainingState()
-        fp = fingerprint(X, labels, loci, mc, tc, seed)
+        fp = fingerprint(X, labels, loci, mc, tc, seed, covariates)
         if checkpoint_path is not None:
             state = resume(checkpoint_path, fp, model, optimizer, scheduler, generator) or state
         forward = None
@@ -258,6 +272,7 @@ def _train(
             generator, tc, dev, fp, n_bad_inputs, dist, forward, seed, epochs,
             tc.adversary_rampup_epochs * scale, tc.patience and max(1, round(tc.patience * scale)),
             batch_prior(codes[train_idx], len(batch_names), dev),
+            _targets(Xs, codes, len(batch_names), tc, covariates, seed),
         )  # fmt: skip
         with bar:
             _train_epochs(
@@ -276,6 +291,15 @@ def _train(
         _write_history(log_path, state.history)
     record = ModelRecord(batch_names, gene_ids, loci=loci.reset_index(drop=True), seed=seed)
     return TrainedModel(model, record), pd.DataFrame(state.history, columns=HISTORY_COLUMNS)
+
+
+def _targets(
+    Xs: Rows, codes: np.ndarray, n: int, tc: TrainConfig, levels: np.ndarray | None, seed: int
+) -> torch.Tensor | None:
+    targets = adversary_targets(
+        StandardizedRows(Xs), codes, n, tc.alignment, tc.alignment_neighbors, levels, seed
+    )
+    return None if targets is None else torch.from_numpy(targets)
 
 
 def _train_epochs(
@@ -357,10 +381,10 @@ def _run_epoch(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
     order = run.train_rows[torch.randperm(len(run.train_rows), generator=run.generator)]
     # Per-step losses stay on the device (no sync per step); checked once per epoch.
     per_step, correct, seen = [], 0, 0
-    for xb, bb in minibatches(run.Xs, run.codes, order, tc.batch_size, dev):
+    for xb, bb, tb in minibatches(run.Xs, run.codes, order, tc.batch_size, dev, run.targets):
         with autocast(dev):
             out = model(xb, bb, adversary_weight=weights.confusion, adversary=tc.adversary)
-        loss = model.loss(xb, bb, out, weights, run.batch_prior)
+        loss = model.loss(xb, bb, out, weights, run.batch_prior if tb is None else tb)
         _step(run, loss.total)
         per_step.append(torch.stack(list(loss)).detach())
         correct += (out.batch_logits.argmax(-1) == bb).sum()
@@ -404,7 +428,12 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
             out = run.forward(xb, bb, adversary_weight=weights.confusion, adversary=tc.adversary)
         z_all = gather_rows(out.latent, sizes, dist.rank)
         b_all = run.codes.index_select(0, chunk).to(dev, non_blocking=cuda)
-        loss = model.loss(xb, bb, out, weights, run.batch_prior, share=share, stats=(z_all, b_all))
+        prior, t_all = run.batch_prior, None
+        if run.targets is not None:
+            prior = run.targets.index_select(0, rows).to(dev, non_blocking=cuda)
+            t_all = run.targets.index_select(0, chunk).to(dev, non_blocking=cuda)
+        stats = (z_all, b_all, t_all)
+        loss = model.loss(xb, bb, out, weights, prior, share=share, stats=stats)
         _step(run, loss.total)
         # This process's parts of the global means; summed over the processes below.
         w = share / dist.world
@@ -474,7 +503,7 @@ def _validate(
     model.eval()
     rows = val_rows if dist is None else np.array_split(val_rows, dist.world)[dist.rank]
     sq, correct = 0.0, 0
-    for xb, bb in minibatches(Xs, codes, torch.from_numpy(rows), max(batch_size, 256), dev):
+    for xb, bb, _ in minibatches(Xs, codes, torch.from_numpy(rows), max(batch_size, 256), dev):
         with autocast(dev):
             out = model(xb, bb)
         sq += float(model.loss(xb, bb, out, LossWeights()).recon) * xb.numel()
@@ -504,11 +533,14 @@ def run_train(
     device: str = "auto",
     *,
     progress: bool = True,
+    protect: Sequence[str] = (),
 ) -> TrainedModel:
     """Train from the preprocessing outputs and write weights, config and history TSV.
 
-    ``params`` has optional sub-dicts "model" and "train" of config overrides. The mean
-    attention map of the saved model is :func:`locusformer.correct.run_attention`'s job.
+    ``params`` has optional sub-dicts "model" and "train" of config overrides.
+    ``protect`` names sample-sheet columns of biology to keep (batch is removed within
+    their levels; see :mod:`locusformer.alignment`); they are recorded in the model. The
+    mean attention map of the saved model is :func:`locusformer.correct.run_attention`'s.
     """
     model_config, train_config = split_params(params)
     train_config.validate()
@@ -528,7 +560,9 @@ def run_train(
         genes = loci["gene_id"].astype(str).tolist()
         if genes != columns:
             raise InputError(loci_path, f"gene ids do not match the columns of {ordered_path}")
-        batches = read_batches(samples_path, batch_key, sample_ids)[batch_key].tolist()
+        table = read_batches(samples_path, batch_key, sample_ids)
+        batches = table[batch_key].tolist()
+        levels = covariate_levels(table, list(protect), str(samples_path)) if protect else None
         model, history = train_corrector(
             X,
             batches,
@@ -539,7 +573,9 @@ def run_train(
             device=device,
             checkpoint_path=checkpoint_path,
             progress=progress,
+            covariates=levels,
         )
+        model.record.protect = list(protect)
         if train_config.devices > 1 and int(os.environ.get("RANK", "0")) != 0:
             return model  # one process per device; the first writes the outputs
         save_model(model, weights_out, config_out)
@@ -556,8 +592,6 @@ __all__ = [
     "TrainingDivergedError",
     "load_model",
     "read_batches",
-    "read_ordered",
-    "resolve_device",
     "run_train",
     "save_model",
     "split_params",

@@ -1,0 +1,118 @@
+"""Mapping new data onto a trained model: genes, known batches, new batches, frozen reference."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from locusformer.correct import correct
+from locusformer.errors import InputError
+from locusformer.mapping import MIN_SHARED_LOCI, align_genes, map_query
+from locusformer.simulate import simulate
+from locusformer.train import train_corrector
+
+MODEL = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=6, decoder_hidden=32)
+TRAIN = dict(max_epochs=6, batch_size=16, adversary_rampup_epochs=2)
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A model trained on batches 0 and 1 of three; batch 2 is the query's new batch."""
+    sim = simulate(n_samples=180, n_loci=48, n_batches=3, batch_shift=2.0, seed=5)
+    labels = np.array([f"b{b}" for b in sim.batch])
+    ref = labels != "b2"
+    torch.set_num_threads(1)
+    model, _ = train_corrector(
+        sim.X[ref], labels[ref].tolist(), sim.loci, MODEL, TRAIN, seed=0, device="cpu",
+        progress=False,
+    )  # fmt: skip
+    return sim, labels, model
+
+
+def test_align_genes_fills_missing_loci_with_the_reference_mean_and_ignores_extra(trained):
+    sim, _, model = trained
+    genes = model.gene_ids
+    frame = pd.DataFrame(sim.X[:5], columns=genes)
+    frame = frame.drop(columns=genes[:3]).assign(extra_gene=1.0)[::-1]  # columns reordered
+    frame = frame[frame.columns[::-1]]
+    X, match = align_genes(frame, model)
+    assert X.shape == (5, len(genes)) and match.n_present == len(genes) - 3
+    assert match.missing == genes[:3] and match.n_extra == 1
+    mean = model.module.gene_mean.numpy()
+    np.testing.assert_array_equal(X[:, :3], np.broadcast_to(mean[:3], (5, 3)))
+    np.testing.assert_array_equal(X[:, 3:], sim.X[:5][::-1, 3:])
+
+
+def test_align_genes_refuses_a_query_with_too_few_of_the_model_loci(trained):
+    sim, _, model = trained
+    keep = int(len(model.gene_ids) * MIN_SHARED_LOCI) - 1
+    frame = pd.DataFrame(sim.X[:4, :keep], columns=model.gene_ids[:keep])
+    with pytest.raises(InputError, match=r"query matrix: measures \d+ of the model's 48 loci"):
+        align_genes(frame, model)
+
+
+def test_known_batches_are_corrected_as_correct_does(trained):
+    sim, labels, model = trained
+    ref = labels != "b2"
+    mapped = map_query(model, sim.X[ref], labels[ref], device="cpu")
+    c, z = correct(model, sim.X[ref], labels[ref].tolist(), device="cpu")
+    np.testing.assert_array_equal(mapped.corrected, c)
+    np.testing.assert_array_equal(mapped.latent, z)
+    assert mapped.new_batches == [] and not mapped.adapted
+
+
+def test_new_batches_map_zero_shot_and_adapted_without_moving_the_reference(trained):
+    sim, labels, model = trained
+    before = {k: v.clone() for k, v in model.module.state_dict().items()}
+    ref_before = correct(model, sim.X[labels != "b2"], labels[labels != "b2"].tolist())
+    zero = map_query(model, sim.X, labels, device="cpu")
+    adapted = map_query(model, sim.X, labels, adapt_epochs=30, seed=0, device="cpu")
+    assert zero.new_batches == ["b2"] and adapted.adapted and not zero.adapted
+    after = model.module.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # bitwise: frozen
+    assert all(p.requires_grad for p in model.module.parameters())  # flags restored
+    ref_after = correct(model, sim.X[labels != "b2"], labels[labels != "b2"].tolist())
+    for a, b in zip(ref_before, ref_after, strict=True):
+        np.testing.assert_array_equal(a, b)
+    known = labels != "b2"
+    np.testing.assert_array_equal(adapted.corrected[known], ref_before[0])
+    assert adapted.history[-1]["loss"] < adapted.history[0]["loss"]
+
+    # The adapted new batch sits closer to the reference cells of its own group.
+    def gap(result) -> float:
+        z, groups = result.latent, sim.group
+        distances = []
+        for g in np.unique(groups):
+            new = z[(labels == "b2") & (groups == g)].mean(0)
+            old = z[known & (groups == g)].mean(0)
+            distances.append(np.linalg.norm(new - old) / np.linalg.norm(z[known].std(0)))
+        return float(np.mean(distances))
+
+    assert gap(adapted) < gap(zero)
+
+
+def test_mapping_is_reproducible_for_a_seed(trained):
+    sim, labels, model = trained
+    a = map_query(model, sim.X, labels, adapt_epochs=3, seed=1, device="cpu")
+    b = map_query(model, sim.X, labels, adapt_epochs=3, seed=1, device="cpu")
+    np.testing.assert_array_equal(a.corrected, b.corrected)
+
+
+def test_bad_mapping_arguments_are_one_line_errors(trained):
+    sim, labels, model = trained
+    with pytest.raises(InputError, match="unknown batch 'b9'"):
+        map_query(model, sim.X, labels, reference="b9")
+    with pytest.raises(InputError, match="3 labels for 180 samples"):
+        map_query(model, sim.X, labels[:3])
