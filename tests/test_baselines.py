@@ -13,7 +13,8 @@ from conftest import synthetic_groups
 
 from locusformer import baselines
 from locusformer.baselines import load_normalized, run_baseline, run_method
-from locusformer.cli import build_parser, main
+from locusformer.cli import main
+from locusformer.cli_parser import build_parser
 from locusformer.errors import InputError
 from locusformer.pca import pca
 from locusformer.results import make_result, write_result

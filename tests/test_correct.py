@@ -295,7 +295,7 @@ def test_the_chunk_size_default_is_the_same_everywhere():
     import yaml
     from conftest import ROOT
 
-    from locusformer.cli import build_parser
+    from locusformer.cli_parser import build_parser
     from locusformer.correct import CHUNK_SIZE
 
     required = "--matrix m --samples s --batch-key b --weights w --config c".split()
