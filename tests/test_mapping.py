@@ -116,3 +116,49 @@ def test_bad_mapping_arguments_are_one_line_errors(trained):
         map_query(model, sim.X, labels, reference="b9")
     with pytest.raises(InputError, match="3 labels for 180 samples"):
         map_query(model, sim.X, labels[:3])
+
+
+def test_map_command_writes_outputs_and_a_report_and_refuses_bad_input(trained, tmp_path):
+    import json
+
+    import anndata as ad
+
+    from locusformer.checkpoint import save_model
+    from locusformer.cli import main
+    from locusformer.parquet import read_matrix_parquet
+
+    sim, labels, model = trained
+    model.record.normalization = {"value_type": "log_expression", "target_sum": 1e4}
+    save_model(model, tmp_path / "m.pt", tmp_path / "m.json")
+    genes = model.gene_ids
+    ids = [f"q{i}" for i in range(len(labels))]
+    query = pd.DataFrame(sim.X, index=ids, columns=genes).drop(columns=genes[:2])
+    query.T.to_csv(tmp_path / "query.csv")  # genes x samples, as the workflow reads
+    pd.DataFrame({"sample_id": ids, "batch": labels}).to_csv(
+        tmp_path / "query_samples.tsv", sep="\t", index=False
+    )
+    out = {k: tmp_path / k for k in ("c.parquet", "z.parquet", "q.h5ad", "report.json")}
+    args = [
+        "map", "--weights", str(tmp_path / "m.pt"), "--config", str(tmp_path / "m.json"),
+        "--expression", str(tmp_path / "query.csv"),
+        "--samples", str(tmp_path / "query_samples.tsv"), "--batch-key", "batch",
+        "--adapt-epochs", "2", "--out-corrected", str(out["c.parquet"]),
+        "--out-latent", str(out["z.parquet"]), "--out-h5ad", str(out["q.h5ad"]),
+        "--out-report", str(out["report.json"]),
+    ]  # fmt: skip
+    assert main(args) == 0
+    report = json.loads(out["report.json"].read_text())
+    assert report["new_batches"] == ["b2"] and report["adapted"]
+    assert report["genes"]["n_missing"] == 2 and report["genes"]["missing_examples"] == genes[:2]
+    corrected = read_matrix_parquet(out["c.parquet"], "corrected")
+    assert corrected.shape == (len(ids), len(genes)) and corrected.index.tolist() == ids
+    h5ad = ad.read_h5ad(out["q.h5ad"])
+    assert h5ad.uns["locusformer"]["mapping"]["new_batches"].tolist() == ["b2"]
+    np.testing.assert_allclose(h5ad.layers["corrected"], corrected.to_numpy(), rtol=0, atol=0)
+
+    # A query with too few of the model's genes: one line, exit 2, nothing written.
+    query.iloc[:, :10].T.to_csv(tmp_path / "few.csv")
+    args[args.index(str(tmp_path / "query.csv"))] = str(tmp_path / "few.csv")
+    args[args.index(str(out["report.json"]))] = str(tmp_path / "never.json")
+    assert main(args) == 2
+    assert not (tmp_path / "never.json").exists()

@@ -268,6 +268,25 @@ class TrainedModel:
         return self
 
 
+def read_normalization(path: str | os.PathLike | None) -> dict[str, Any] | None:
+    """How the normalize step prepared the training data, from its stats JSON."""
+    if path is None:
+        return None
+    try:
+        stats = json.loads(Path(path).read_text(encoding="utf-8"))
+        params = stats["params"]
+        return {
+            "value_type": str(stats["value_type"]),
+            "target_sum": float(params["target_sum"]),
+            "min_samples": int(params["min_samples"]),
+            "n_top_genes": int(params["n_top_genes"]),
+        }
+    except FileNotFoundError:
+        raise InputError(path, "file not found") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise InputError(path, f"not a normalize stats file ({err})") from None
+
+
 def save_model(
     model: TrainedModel, weights_path: str | os.PathLike, config_path: str | os.PathLike
 ) -> None:

@@ -160,7 +160,21 @@ def _train(args: argparse.Namespace) -> None:
         seed=args.seed,
         device=args.device,
         protect=args.protect or (),
+        normalize_stats=args.normalize_stats,
     )
+
+
+@_command("map")
+def _map(args: argparse.Namespace) -> None:
+    from .mapping import run_map
+
+    run_map(
+        args.weights, args.config, args.expression, args.samples, args.batch_key,
+        args.out_corrected, args.out_latent, args.out_h5ad, args.out_report,
+        value_type=args.value_type, layer=args.layer, sample_column=args.sample_column,
+        label_key=args.label_key, reference=args.reference, adapt_epochs=args.adapt_epochs,
+        seed=args.seed, device=args.device,
+    )  # fmt: skip
 
 
 @_command("correct")

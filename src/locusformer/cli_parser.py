@@ -112,6 +112,37 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="COLUMN",
         help="sample-sheet column of biology to keep: batch is removed within its levels",
     )
+    p.add_argument(
+        "--normalize-stats",
+        default=None,
+        help="the normalize step's stats JSON, recorded in the model so that map prepares "
+        "new data the same way",
+    )
+
+    p = commands.add_parser("map", help="map new data onto a trained corrector")
+    p.add_argument("--weights", required=True, help="model.pt of a trained model")
+    p.add_argument("--config", required=True, help="model.json of that model")
+    p.add_argument("--expression", required=True, help="matrix (CSV/TSV[.gz], parquet, h5ad)")
+    p.add_argument("--layer", default=None, help="h5ad layer holding the values (default .X)")
+    p.add_argument("--samples", required=True, help="sample sheet (CSV/TSV)")
+    p.add_argument("--sample-column", default=None, help="sample id column of the sheet")
+    p.add_argument("--batch-key", required=True)
+    p.add_argument("--label-key", default=None)
+    p.add_argument(
+        "--value-type", default=None, choices=["counts", "log_expression"],
+        help="default: what the model was trained on",
+    )  # fmt: skip
+    p.add_argument("--reference", default="mean", help="a trained batch, or mean")
+    p.add_argument(
+        "--adapt-epochs", type=int, default=0,
+        help="epochs adapting new batches' own parameters, the model frozen (0: zero-shot)",
+    )  # fmt: skip
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--out-corrected", required=True)
+    p.add_argument("--out-latent", required=True)
+    p.add_argument("--out-h5ad", default=None)
+    p.add_argument("--out-report", required=True, help="JSON: genes, new batches, adaptation")
 
     p = commands.add_parser("correct", help="apply a trained corrector")
     p.add_argument("--matrix", required=True, help="ordered.parquet")

@@ -349,7 +349,7 @@ def run_correct(
     The input is read in blocks of rows and every output written block by block, so
     memory holds three blocks (one read ahead, one corrected, one being written), a batch
     code per sample and the parquet writers' footers
-    (see :data:`locusformer.io.ROW_GROUP_BYTES`), whatever the number of samples.
+    (see :data:`locusformer.parquet.ROW_GROUP_BYTES`), whatever the number of samples.
     """
     _fewer_malloc_arenas()  # before any of its threads start
     model = load_model(weights_path, config_path)
@@ -481,6 +481,17 @@ def _uns(model: TrainedModel) -> dict[str, Any]:
     }
     if record.seed is not None:
         uns["seed"] = int(record.seed)
+    return uns
+
+
+def mapping_uns(model: TrainedModel, report: dict[str, Any]) -> dict[str, Any]:
+    """``uns["locusformer"]`` of a mapped query: the model's, and what the mapping did."""
+    uns = _uns(model)
+    uns["mapping"] = {
+        "new_batches": list(report["new_batches"]),
+        "adapted": bool(report["adapted"]),
+        "n_missing_loci": int(report["genes"]["n_missing"]),
+    }
     return uns
 
 

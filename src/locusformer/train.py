@@ -32,6 +32,7 @@ from locusformer.checkpoint import (
     cpu_state,
     fingerprint,
     load_model,
+    read_normalization,
     resume,
     save_checkpoint,
     save_model,
@@ -267,12 +268,16 @@ def _train(
             # A log file (the workflow's case) gets a line every 30 s, not every epoch.
             mininterval=0.1 if sys.stderr.isatty() else 30.0,
         )
+        targets = adversary_targets(
+            StandardizedRows(Xs), codes, len(batch_names), tc.alignment,
+            tc.alignment_neighbors, covariates, seed,
+        )  # fmt: skip
         run = _Run(
             model, Xs, codes_t, torch.from_numpy(train_idx), val_idx, optimizer, scheduler,
             generator, tc, dev, fp, n_bad_inputs, dist, forward, seed, epochs,
             tc.adversary_rampup_epochs * scale, tc.patience and max(1, round(tc.patience * scale)),
             batch_prior(codes[train_idx], len(batch_names), dev),
-            _targets(Xs, codes, len(batch_names), tc, covariates, seed),
+            None if targets is None else torch.from_numpy(targets),
         )  # fmt: skip
         with bar:
             _train_epochs(
@@ -291,15 +296,6 @@ def _train(
         _write_history(log_path, state.history)
     record = ModelRecord(batch_names, gene_ids, loci=loci.reset_index(drop=True), seed=seed)
     return TrainedModel(model, record), pd.DataFrame(state.history, columns=HISTORY_COLUMNS)
-
-
-def _targets(
-    Xs: Rows, codes: np.ndarray, n: int, tc: TrainConfig, levels: np.ndarray | None, seed: int
-) -> torch.Tensor | None:
-    targets = adversary_targets(
-        StandardizedRows(Xs), codes, n, tc.alignment, tc.alignment_neighbors, levels, seed
-    )
-    return None if targets is None else torch.from_numpy(targets)
 
 
 def _train_epochs(
@@ -534,11 +530,14 @@ def run_train(
     *,
     progress: bool = True,
     protect: Sequence[str] = (),
+    normalize_stats: str | os.PathLike | None = None,
 ) -> TrainedModel:
     """Train from the preprocessing outputs and write weights, config and history TSV.
 
     ``params`` has optional sub-dicts "model" and "train" of config overrides.
-    ``protect`` names sample-sheet columns of biology to keep (batch is removed within
+    ``normalize_stats``, the normalize step's JSON, is recorded so that
+    :func:`locusformer.mapping.run_map` prepares new data the same way. ``protect`` names
+    sample-sheet columns of biology to keep (batch is removed within
     their levels; see :mod:`locusformer.alignment`); they are recorded in the model. The
     mean attention map of the saved model is :func:`locusformer.correct.run_attention`'s.
     """
@@ -576,6 +575,7 @@ def run_train(
             covariates=levels,
         )
         model.record.protect = list(protect)
+        model.record.normalization = read_normalization(normalize_stats)
         if train_config.devices > 1 and int(os.environ.get("RANK", "0")) != 0:
             return model  # one process per device; the first writes the outputs
         save_model(model, weights_out, config_out)
