@@ -48,6 +48,7 @@ LAYERS = {
     "train": 7,
     "correct": 7,
     "mapping": 8,
+    "steps": 8,
     "cli_parser": 8,
     "cli": 9,
     "__main__": 10,

@@ -17,7 +17,8 @@ from sklearn.model_selection import train_test_split
 from locusformer.correct import attention_map, correct, iter_correct, run_attention, run_correct
 from locusformer.errors import InputError
 from locusformer.simulate import simulate
-from locusformer.train import TrainConfig, run_train, train_corrector
+from locusformer.steps import run_train
+from locusformer.train import TrainConfig, train_corrector
 
 # Small enough to train in ~10 s on one core. 16 samples a step so that 300 samples give
 # enough steps for the encoder to learn the groups before the batch terms ramp up, and

@@ -318,3 +318,33 @@ def test_a_model_corrects_alike_with_and_without_onednn(monkeypatch) -> None:
         plain = model(model.standardize(x), b)
     torch.testing.assert_close(fast.recon, plain.recon, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(fast.latent, plain.latent, atol=1e-5, rtol=1e-4)
+
+
+def test_cycle_term_is_zero_for_a_batch_free_round_trip_and_scale_free() -> None:
+    from locusformer.model import LossWeights, ModelOutput
+
+    torch.manual_seed(0)
+    model = LocusFormer(tiny_config(), build_layout(loci_table(), 2), 2)
+    x, b = torch.randn(8, 10), torch.tensor([0, 1] * 4)
+    z = torch.randn(8, 4)
+    out = ModelOutput(z, torch.zeros(8, 10), torch.zeros(8, 2), None, z.clone())
+    assert float(model.loss(x, b, out, LossWeights(cycle=1.0)).cycle) == 0.0
+    moved = ModelOutput(z, torch.zeros(8, 10), torch.zeros(8, 2), None, z + 0.5)
+    scaled = ModelOutput(3 * z, torch.zeros(8, 10), torch.zeros(8, 2), None, 3 * (z + 0.5))
+    one = model.loss(x, b, moved, LossWeights(cycle=1.0))
+    torch.testing.assert_close(one.cycle, model.loss(x, b, scaled, LossWeights(cycle=1.0)).cycle)
+    without = model.loss(x, b, moved, LossWeights())
+    torch.testing.assert_close(one.total - without.total, one.cycle)  # weighs what it says
+
+
+def test_forward_with_cycle_batches_reencodes_the_decoded_sample() -> None:
+    torch.manual_seed(0)
+    model = LocusFormer(tiny_config(), build_layout(loci_table(), 2), 2).eval()
+    x, b = torch.randn(4, 10), torch.tensor([0, 1, 0, 1])
+    with torch.no_grad():
+        out = model(x, b, cycle_batch=1 - b)
+        z, _ = model.encode(x)
+        want, _ = model.encode(model.decode(z, model.condition(1 - b)))
+    assert out.cycle_latent is not None
+    torch.testing.assert_close(out.cycle_latent, want)
+    assert model(x, b).cycle_latent is None

@@ -30,7 +30,8 @@ from locusformer.io import open_expression
 from locusformer.parquet import iter_matrix_parquet, read_matrix_parquet, write_matrix_parquet
 from locusformer.preprocess import NormalizeParams, normalize, plan_normalization
 from locusformer.simulate import simulate
-from locusformer.train import run_train, save_model, train_corrector
+from locusformer.steps import run_train
+from locusformer.train import save_model, train_corrector
 
 N_SAMPLES, N_GENES = 90, 40
 

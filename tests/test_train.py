@@ -14,6 +14,7 @@ import torch
 
 from locusformer.correct import correct
 from locusformer.errors import InputError
+from locusformer.runtime import resolve_device
 from locusformer.simulate import simulate
 from locusformer.train import (
     HISTORY_COLUMNS,
@@ -22,7 +23,6 @@ from locusformer.train import (
     TrainingDivergedError,
     _validate,
     load_model,
-    resolve_device,
     save_model,
     stratified_split,
     train_corrector,

@@ -44,7 +44,7 @@ def _command(name: str) -> Callable[[Handler], Handler]:
 @_command("normalize")
 def _normalize(args: argparse.Namespace) -> None:
     from .atomic import write_text
-    from .io import open_expression, read_sample_sheet
+    from .io import open_expression, read_samples
     from .parquet import matrix_parquet_writer
     from .preprocess import NormalizeParams, plan_normalization, sample_table
     from .tables import write_tsv
@@ -61,7 +61,7 @@ def _normalize(args: argparse.Namespace) -> None:
     with open_expression(
         args.expression, layer=args.layer, held_rows=params.hvg_max_samples
     ) as source:
-        sheet = read_sample_sheet(args.samples, sample_column=args.sample_column)
+        sheet, sheet_path = read_samples(args.expression, args.samples, args.sample_column)
         obs = sample_table(
             source.obs_names,
             source.var_names,
@@ -69,7 +69,7 @@ def _normalize(args: argparse.Namespace) -> None:
             args.batch_key,
             args.label_key,
             matrix_path=args.expression,
-            sheet_path=args.samples,
+            sheet_path=sheet_path,
         )
         plan = plan_normalization(source, obs, args.value_type, args.batch_key, params)
         stats = plan.stats
@@ -145,7 +145,7 @@ def _order_loci(args: argparse.Namespace) -> None:
 
 @_command("train")
 def _train(args: argparse.Namespace) -> None:
-    from .train import run_train
+    from .steps import run_train
 
     run_train(
         ordered_path=args.matrix,
@@ -173,7 +173,7 @@ def _map(args: argparse.Namespace) -> None:
         args.out_corrected, args.out_latent, args.out_h5ad, args.out_report,
         value_type=args.value_type, layer=args.layer, sample_column=args.sample_column,
         label_key=args.label_key, reference=args.reference, adapt_epochs=args.adapt_epochs,
-        seed=args.seed, device=args.device,
+        seed=args.seed, device=args.device, model_name=args.model_name,
     )  # fmt: skip
 
 
@@ -342,6 +342,7 @@ def _report(args: argparse.Namespace) -> None:
         attention_npz=args.attention,
         benchmark_files=benchmarks,
         confounding_json=args.confounding,
+        mapping_json=args.mapping,
         config=args.config,
         seed=args.seed,
         batch_key=args.batch_key,

@@ -176,6 +176,10 @@ class TrainConfig:
     # batch, at the batch frequencies.
     alignment: Alignment = "global"
     alignment_neighbors: int = 20  # k of the mutual nearest neighbours
+    # Latent cycle-consistency (sysVI): each sample is decoded to another batch, encoded
+    # again, and its latent should not move. It removes the batch without asking the
+    # batches to hold the same biology. 0 disables it (and its second encoder pass).
+    cycle_weight: float = 0.0
     adversary_rampup_epochs: int = 20  # all batch-removal weights ramp up linearly
     lr: float = 1e-3
     weight_decay: float = 1e-2
@@ -221,6 +225,7 @@ class TrainConfig:
             "batch_mean_weight": lambda v: v >= 0,
             "mmd_weight": lambda v: v >= 0,
             "alignment_neighbors": lambda v: v >= 1,
+            "cycle_weight": lambda v: v >= 0,
             "lr": lambda v: v > 0,
             "weight_decay": lambda v: v >= 0,
             "batch_size": lambda v: v >= 1,

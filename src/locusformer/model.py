@@ -336,12 +336,16 @@ class ModelOutput(NamedTuple):
     # (B, N) "confusion" only: the same discriminator with its parameters frozen, on the
     # live latent; the encoder's confusion_loss is computed from these. None otherwise.
     confusion_logits: Tensor | None = None
+    # (B, Z) the latent of the reconstruction decoded to another batch, re-encoded; only
+    # when forward was given cycle batches.
+    cycle_latent: Tensor | None = None
 
 
 class LossWeights(NamedTuple):
     """What each term of :meth:`LocusFormer.loss` weighs at one point of the schedule."""
 
     confusion: float = 0.0  # on confusion_loss (ramp x adversary_weight)
+    cycle: float = 0.0  # on the latent cycle-consistency (ramp x cycle_weight)
     batch_mean: float = 0.0  # on batch_mean_distance, before the ramp
     mmd: float = 0.0  # on batch_mmd, before the ramp
     ramp: float = 1.0  # on the two batch-statistic terms
@@ -356,6 +360,7 @@ class Loss(NamedTuple):
     recon: Tensor  # mean squared error of the reconstruction, standardized units
     adversary: Tensor  # the discriminator's cross-entropy (it minimizes this)
     confusion: Tensor  # the encoder's confusion term; 0 under "reversal"
+    cycle: Tensor  # latent distance after decoding to another batch and re-encoding
     batch_mean: Tensor  # whitened distance between the batches' latent means
     mmd: Tensor  # MMD between each batch's latent and the others'
     total: Tensor
@@ -454,20 +459,28 @@ class LocusFormer(nn.Module):
         batch: Tensor,
         adversary_weight: float = 0.0,
         adversary: str = "reversal",
+        cycle_batch: Tensor | None = None,
     ) -> ModelOutput:
         """Standardized x (B, L) and batch codes (B,) -> latent, reconstruction, logits.
 
         ``adversary`` is "reversal" (the discriminator's gradient reaches the encoder
         reversed and scaled by ``adversary_weight``) or "confusion" (:meth:`loss` weighs
         :func:`confusion_loss` of ``confusion_logits``; ``adversary_weight`` is unused).
+        ``cycle_batch`` (B,), when given, are batches to decode each sample to and encode
+        again (``cycle_latent``): the same cell seen through another batch should keep its
+        latent (sysVI's latent cycle-consistency, Hrovatin et al. 2024). Unlike matching
+        the batches' distributions, this asks nothing of their composition.
         """
         z, _ = self.encode(x)
         recon = self.decode(z, self.condition(batch))
+        cycle = None
+        if cycle_batch is not None:
+            cycle, _ = self.encode(self.decode(z, self.condition(cycle_batch)))
         if adversary == "confusion":
             logits = self.discriminator(z.detach())
-            return ModelOutput(z, recon, logits, frozen_call(self.discriminator, z))
+            return ModelOutput(z, recon, logits, frozen_call(self.discriminator, z), cycle)
         logits = self.discriminator(grad_reverse(z, adversary_weight))
-        return ModelOutput(z, recon, logits)
+        return ModelOutput(z, recon, logits, None, cycle)
 
     def loss(
         self,
@@ -507,11 +520,18 @@ class LocusFormer(nn.Module):
             shared = (targets.max(dim=-1).values < 1.0).float()
         batch_mean = batch_mean_distance(z, b, self.n_batches, weight=shared)
         mmd = batch_mmd(z, b, self.n_batches)
+        cycle = torch.zeros((), device=out.latent.device)
+        if out.cycle_latent is not None:
+            # Scale-free, so the encoder cannot meet it by shrinking the latent.
+            scale = out.latent.detach().float().var(dim=0).sum().clamp_min(1e-8)
+            cycle = (out.cycle_latent.float() - out.latent.float()).pow(2).sum(-1).mean() / scale
         per_sample = recon + adversary + weights.confusion * confusion
+        if weights.cycle:
+            per_sample = per_sample + weights.cycle * cycle
         if share != 1.0:
             per_sample = share * per_sample
         total = per_sample + weights.ramp * (weights.batch_mean * batch_mean + weights.mmd * mmd)
-        return Loss(recon, adversary, confusion, batch_mean, mmd, total)
+        return Loss(recon, adversary, confusion, cycle, batch_mean, mmd, total)
 
     # -- (de)serialization ---------------------------------------------------------------
 

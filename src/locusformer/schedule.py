@@ -63,4 +63,10 @@ def configure_optimizer(model: LocusFormer, config: TrainConfig) -> torch.optim.
 
 def loss_weights(tc: TrainConfig, ramp: float) -> LossWeights:
     """The weights of the loss terms at ramp factor ``ramp`` of the schedule."""
-    return LossWeights(ramp * tc.adversary_weight, tc.batch_mean_weight, tc.mmd_weight, ramp)
+    return LossWeights(
+        confusion=ramp * tc.adversary_weight,
+        cycle=ramp * tc.cycle_weight,
+        batch_mean=tc.batch_mean_weight,
+        mmd=tc.mmd_weight,
+        ramp=ramp,
+    )

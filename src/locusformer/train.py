@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from locusformer import atomic
-from locusformer.alignment import adversary_targets, covariate_levels
+from locusformer.alignment import adversary_targets
 from locusformer.checkpoint import (
     ModelRecord,
     TrainedModel,
@@ -32,7 +31,6 @@ from locusformer.checkpoint import (
     cpu_state,
     fingerprint,
     load_model,
-    read_normalization,
     resume,
     save_checkpoint,
     save_model,
@@ -45,7 +43,6 @@ from locusformer.data import (
     batch_prior,
     column_stats,
     minibatches,
-    ordered_matrix,
     read_batches,
     row_blocks,
     stratified_split,
@@ -379,7 +376,10 @@ def _run_epoch(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
     per_step, correct, seen = [], 0, 0
     for xb, bb, tb in minibatches(run.Xs, run.codes, order, tc.batch_size, dev, run.targets):
         with autocast(dev):
-            out = model(xb, bb, adversary_weight=weights.confusion, adversary=tc.adversary)
+            out = model(
+                xb, bb, adversary_weight=weights.confusion, adversary=tc.adversary,
+                cycle_batch=_other_batches(bb, model.n_batches, weights, run.generator),
+            )  # fmt: skip
         loss = model.loss(xb, bb, out, weights, run.batch_prior if tb is None else tb)
         _step(run, loss.total)
         per_step.append(torch.stack(list(loss)).detach())
@@ -388,6 +388,17 @@ def _run_epoch(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
     losses = torch.stack(per_step).cpu()  # (steps, terms)
     _check_finite(losses, epoch, run.n_bad_inputs)
     return {**_loss_means(losses), "train_disc_acc": float(correct) / max(1, seen)}
+
+
+def _other_batches(
+    batch: torch.Tensor, n_batches: int, weights: LossWeights, generator: torch.Generator
+) -> torch.Tensor | None:
+    """(B,) a batch other than each sample's own, uniformly, for the cycle term; None
+    when the term weighs nothing (no draw: the random stream stays as without it)."""
+    if not weights.cycle or n_batches < 2:
+        return None
+    shift = torch.randint(1, n_batches, batch.shape, generator=generator)
+    return (batch + shift.to(batch.device)) % n_batches
 
 
 def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
@@ -420,8 +431,19 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
         if cuda:
             xb, bb = xb.pin_memory(), bb.pin_memory()
         xb, bb = xb.to(dev, non_blocking=cuda), bb.to(dev, non_blocking=cuda)
+        # Drawn for the whole global batch, identically everywhere (the processes share
+        # the shuffling generator's state), then each takes its share.
+        cycle = _other_batches(
+            run.codes.index_select(0, chunk), model.n_batches, weights, run.generator
+        )
+        if cycle is not None:
+            start = sum(sizes[: dist.rank]) if sizes[dist.rank] else 0
+            cycle = cycle[start : start + len(rows)].to(dev, non_blocking=cuda)
         with autocast(dev):
-            out = run.forward(xb, bb, adversary_weight=weights.confusion, adversary=tc.adversary)
+            out = run.forward(
+                xb, bb, adversary_weight=weights.confusion, adversary=tc.adversary,
+                cycle_batch=cycle,
+            )  # fmt: skip
         z_all = gather_rows(out.latent, sizes, dist.rank)
         b_all = run.codes.index_select(0, chunk).to(dev, non_blocking=cuda)
         prior, t_all = run.batch_prior, None
@@ -433,7 +455,7 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
         _step(run, loss.total)
         # This process's parts of the global means; summed over the processes below.
         w = share / dist.world
-        per_sample = [loss.recon * w, loss.adversary * w, loss.confusion * w]
+        per_sample = [loss.recon * w, loss.adversary * w, loss.confusion * w, loss.cycle * w]
         stats = [loss.batch_mean / dist.world, loss.mmd / dist.world]
         per_step.append(torch.stack(per_sample + stats).detach().float())
         if sizes[dist.rank]:
@@ -445,8 +467,8 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
     torch.distributed.all_reduce(losses)
     torch.distributed.all_reduce(counts)
     losses = losses.cpu()
-    recon, adversary, confusion, batch_mean, mmd = losses.unbind(dim=1)
-    total = recon + adversary + weights.confusion * confusion
+    recon, adversary, confusion, cycle, batch_mean, mmd = losses.unbind(dim=1)
+    total = recon + adversary + weights.confusion * confusion + weights.cycle * cycle
     total = total + ramp * (tc.batch_mean_weight * batch_mean + tc.mmd_weight * mmd)
     losses = torch.cat([losses, total[:, None]], dim=1)  # (steps, terms) as on one process
     _check_finite(losses, epoch, run.n_bad_inputs)
@@ -515,75 +537,6 @@ def _validate(
     }
 
 
-def run_train(
-    ordered_path: str | os.PathLike,
-    loci_path: str | os.PathLike,
-    samples_path: str | os.PathLike,
-    batch_key: str,
-    params: Mapping[str, Any] | None,
-    weights_out: str | os.PathLike,
-    config_out: str | os.PathLike,
-    history_out: str | os.PathLike,
-    checkpoint_path: str | os.PathLike | None,
-    seed: int,
-    device: str = "auto",
-    *,
-    progress: bool = True,
-    protect: Sequence[str] = (),
-    normalize_stats: str | os.PathLike | None = None,
-) -> TrainedModel:
-    """Train from the preprocessing outputs and write weights, config and history TSV.
-
-    ``params`` has optional sub-dicts "model" and "train" of config overrides.
-    ``normalize_stats``, the normalize step's JSON, is recorded so that
-    :func:`locusformer.mapping.run_map` prepares new data the same way. ``protect`` names
-    sample-sheet columns of biology to keep (batch is removed within
-    their levels; see :mod:`locusformer.alignment`); they are recorded in the model. The
-    mean attention map of the saved model is :func:`locusformer.correct.run_attention`'s.
-    """
-    model_config, train_config = split_params(params)
-    train_config.validate()
-    scratch = Path(checkpoint_path if checkpoint_path is not None else weights_out).parent
-    with ordered_matrix(ordered_path, train_config.data_on_disk, scratch) as ordered:
-        X, sample_ids, columns = ordered
-        try:
-            loci = pd.read_parquet(loci_path, engine="pyarrow")
-        except FileNotFoundError:
-            raise InputError(loci_path, "file not found") from None
-        except Exception as err:
-            raise InputError(
-                loci_path, f"cannot read parquet ({type(err).__name__}: {err})"
-            ) from None
-        if "gene_id" not in loci.columns:
-            raise InputError(loci_path, "missing column 'gene_id'")
-        genes = loci["gene_id"].astype(str).tolist()
-        if genes != columns:
-            raise InputError(loci_path, f"gene ids do not match the columns of {ordered_path}")
-        table = read_batches(samples_path, batch_key, sample_ids)
-        batches = table[batch_key].tolist()
-        levels = covariate_levels(table, list(protect), str(samples_path)) if protect else None
-        model, history = train_corrector(
-            X,
-            batches,
-            loci,
-            model_config,
-            train_config,
-            seed=seed,
-            device=device,
-            checkpoint_path=checkpoint_path,
-            progress=progress,
-            covariates=levels,
-        )
-        model.record.protect = list(protect)
-        model.record.normalization = read_normalization(normalize_stats)
-        if train_config.devices > 1 and int(os.environ.get("RANK", "0")) != 0:
-            return model  # one process per device; the first writes the outputs
-        save_model(model, weights_out, config_out)
-        with atomic.atomic_path(history_out) as tmp:
-            history.to_csv(tmp, sep="\t", index=False)
-    return model
-
-
 __all__ = [
     "HISTORY_COLUMNS",
     "ModelConfig",
@@ -592,7 +545,6 @@ __all__ = [
     "TrainingDivergedError",
     "load_model",
     "read_batches",
-    "run_train",
     "save_model",
     "split_params",
     "train_corrector",
