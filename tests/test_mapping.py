@@ -162,3 +162,32 @@ def test_map_command_writes_outputs_and_a_report_and_refuses_bad_input(trained, 
     args[args.index(str(out["report.json"]))] = str(tmp_path / "never.json")
     assert main(args) == 2
     assert not (tmp_path / "never.json").exists()
+
+
+def test_an_h5ad_query_maps_without_a_sheet_its_obs_giving_the_batches(trained, tmp_path):
+    import json
+
+    import anndata as ad
+
+    from locusformer.checkpoint import save_model
+    from locusformer.cli import main
+
+    sim, labels, model = trained
+    model.record.normalization = {"value_type": "log_expression", "target_sum": 1e4}
+    save_model(model, tmp_path / "m.pt", tmp_path / "m.json")
+    ids = pd.Index([f"q{i}" for i in range(len(labels))], name="sample_id")
+    obs = pd.DataFrame({"batch": pd.Categorical(labels)}, index=ids)
+    ad.AnnData(sim.X, obs=obs, var=pd.DataFrame(index=model.gene_ids)).write_h5ad(
+        tmp_path / "query.h5ad"
+    )
+    report = tmp_path / "report.json"
+    args = [
+        "map", "--weights", str(tmp_path / "m.pt"), "--config", str(tmp_path / "m.json"),
+        "--expression", str(tmp_path / "query.h5ad"), "--batch-key", "batch",
+        "--model-name", "reference", "--out-corrected", str(tmp_path / "c.parquet"),
+        "--out-latent", str(tmp_path / "z.parquet"), "--out-report", str(report),
+    ]  # fmt: skip
+    assert main(args) == 0
+    record = json.loads(report.read_text())
+    assert record["new_batches"] == ["b2"] and record["model"]["name"] == "reference"
+    assert record["samples"] == len(ids)

@@ -375,3 +375,32 @@ def test_a_method_that_used_labels_says_so_in_the_table(tmp_path: Path) -> None:
     # the metrics table names the labels combat_mod kept; files and metrics keep its key
     assert '<td class="name">combat_mod (mod: cell_type)</td>' in html
     assert '<td class="name">uncorrected</td>' in html
+
+
+def test_a_mapped_dataset_says_at_the_top_which_model_and_which_batches_were_new(
+    tmp_path: Path,
+) -> None:
+    record = {
+        "model": {"name": EVIL_DATASET, "weights": "x/model.pt", "config": "x/model.json"},
+        "trained_batches": ["a", "b"],
+        "new_batches": [EVIL_BATCH],
+        "adapted": True,
+        "adapt_epochs": 3,
+        "genes": {"n_model_loci": 10, "n_present": 8, "n_missing": 2},
+    }
+    (tmp_path / "mapping.json").write_text(json.dumps(record))
+    html = report.render_dataset_report(
+        tmp_path / "r.html", dataset="q", mapping_json=tmp_path / "mapping.json"
+    )
+    top = html[: html.index("<nav>")]
+    assert 'id="mapping-note"' in top and "trained on\n  2 batches (a, b)" in top
+    assert "adapted for 3 epochs" in top and "8 of the model's 10 loci" in top
+    assert EVIL_DATASET not in html and EVIL_BATCH not in html  # escaped
+    assert "mapped onto" in html[html.index('id="training"') :]
+    assert 'id="mapping-note"' not in report.render_dataset_report(tmp_path / "t.html", dataset="t")
+    (tmp_path / "bad.json").write_text(json.dumps({"model": {}}))
+    with pytest.raises(InputError, match=r"bad\.json: not a mapping report"):
+        report.render_dataset_report(
+            tmp_path / "b.html", dataset="b", mapping_json=tmp_path / "bad.json"
+        )
+    assert not (tmp_path / "b.html").exists()

@@ -14,6 +14,11 @@ import json
 
 from . import __version__
 
+SAMPLES_HELP = (
+    "sample sheet (CSV/TSV); optional for an .h5ad whose obs holds the columns (a sheet "
+    "given too wins, and a column on which the two disagree is an error)"
+)
+
 
 def _json_arg(text: str) -> dict:
     try:
@@ -61,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("normalize", help="read, validate, normalize and select genes")
     p.add_argument("--expression", required=True, help="matrix (CSV/TSV[.gz], parquet, h5ad)")
     p.add_argument("--layer", default=None, help="h5ad layer holding the values (default .X)")
-    p.add_argument("--samples", required=True, help="sample sheet (CSV/TSV)")
+    p.add_argument("--samples", default=None, help=SAMPLES_HELP)
     p.add_argument("--sample-column", default=None, help="sample id column of the sheet")
     p.add_argument("--batch-key", required=True)
     p.add_argument("--label-key", default=None)
@@ -124,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="model.json of that model")
     p.add_argument("--expression", required=True, help="matrix (CSV/TSV[.gz], parquet, h5ad)")
     p.add_argument("--layer", default=None, help="h5ad layer holding the values (default .X)")
-    p.add_argument("--samples", required=True, help="sample sheet (CSV/TSV)")
+    p.add_argument("--samples", default=None, help=SAMPLES_HELP)
     p.add_argument("--sample-column", default=None, help="sample id column of the sheet")
     p.add_argument("--batch-key", required=True)
     p.add_argument("--label-key", default=None)
@@ -143,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-latent", required=True)
     p.add_argument("--out-h5ad", default=None)
     p.add_argument("--out-report", required=True, help="JSON: genes, new batches, adaptation")
+    p.add_argument(
+        "--model-name", default=None, help="the model's name in the report (default: its folder)"
+    )
 
     p = commands.add_parser("correct", help="apply a trained corrector")
     p.add_argument("--matrix", required=True, help="ordered.parquet")
@@ -234,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", default=None, help="attention map .npz")
     p.add_argument("--benchmark", action="append", help="RULE=benchmark.tsv")
     p.add_argument("--confounding", default=None, help="confounding.json (design check)")
+    p.add_argument("--mapping", default=None, help="mapping.json of map (a mapped dataset)")
     p.add_argument("--config", type=_json_arg, default={}, help="the run's configuration (JSON)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--batch-key", required=True)

@@ -434,3 +434,77 @@ def read_sample_sheet(path: PathLike, sample_column: str | None = None) -> pd.Da
     if (frame.index == "").any():
         raise InputError(path, "empty sample id")
     return frame
+
+
+def read_obs(path: PathLike) -> pd.DataFrame:
+    """The ``obs`` of an ``.h5ad`` as a sample sheet, without reading its matrix.
+
+    Indexed by sample id (``obs_names``); every column as strings, as
+    :func:`read_sample_sheet` reads a sheet: a missing value is ``""``, a float column
+    holding whole numbers (an integer column with gaps) is written without ``.0``.
+    """
+    import h5py
+    from anndata.io import read_elem
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(path, "file not found")
+    try:
+        with h5py.File(path, "r") as handle:
+            obs = read_elem(handle["obs"])
+    except Exception as exc:  # h5py and anndata raise many types for a broken file
+        raise InputError(path, f"cannot read obs: {type(exc).__name__}: {exc}") from None
+    frame = pd.DataFrame(index=pd.Index(obs.index.astype(str), name="sample_id"))
+    for column in obs.columns:
+        values = obs[column]
+        if pd.api.types.is_float_dtype(values) and (values.dropna() % 1 == 0).all():
+            values = values.astype("Int64")
+        text = values.astype(object).where(values.notna(), "")
+        frame[str(column)] = [str(v).strip() for v in text]
+    check_unique(path, frame.index, "sample")
+    return frame
+
+
+def read_samples(
+    expression_path: PathLike,
+    samples_path: PathLike | None = None,
+    sample_column: str | None = None,
+) -> tuple[pd.DataFrame, str]:
+    """A matrix's sample table and the file its errors name: the sheet, the ``obs`` of an
+    ``.h5ad``, or both.
+
+    Without a sheet, an ``.h5ad``'s ``obs`` is the sample table (another matrix needs a
+    sheet). With one, the sheet wins: its columns and samples are the table, an empty
+    cell takes the ``obs`` value, and ``obs`` columns the sheet lacks are added. A column
+    in both with different values for some sample is an :class:`InputError` naming both
+    files: which of them is right cannot be guessed.
+    """
+    is_h5ad = matrix_format(expression_path) == "h5ad"
+    if samples_path is None or str(samples_path) == "":
+        if not is_h5ad:
+            raise InputError(
+                expression_path,
+                "a sample sheet is needed (--samples); only an .h5ad can do without one, "
+                "its obs holding the batch column",
+            )
+        return read_obs(expression_path), f"{expression_path} obs"
+    sheet = read_sample_sheet(samples_path, sample_column=sample_column)
+    if not is_h5ad:
+        return sheet, str(samples_path)
+    obs = read_obs(expression_path).reindex(sheet.index).fillna("")
+    for column in sheet.columns.intersection(obs.columns):
+        mine, theirs = sheet[column].str.strip(), obs[column]
+        differ = (mine != theirs) & (mine != "") & (theirs != "")
+        if differ.any():
+            first = differ.index[differ][0]
+            raise InputError(
+                samples_path,
+                f"column {column!r} disagrees with the obs of {expression_path} for "
+                f"{int(differ.sum())} sample(s), e.g. {first!r}: {mine[first]!r} in the "
+                f"sheet, {theirs[first]!r} in obs; make them agree or drop the column "
+                "from one of them",
+            )
+        sheet[column] = mine.where(mine != "", theirs)
+    for column in obs.columns.difference(sheet.columns, sort=False):
+        sheet[column] = obs[column]
+    return sheet, str(samples_path)

@@ -18,6 +18,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -254,7 +255,7 @@ def _adapt(
 
 def prepare_query(
     expression_path: str | os.PathLike,
-    samples_path: str | os.PathLike,
+    samples_path: str | os.PathLike | None,
     batch_key: str,
     model: TrainedModel,
     *,
@@ -269,9 +270,10 @@ def prepare_query(
     Counts are scaled to the model's recorded ``target_sum`` over the query's own
     expressed genes and log1p-transformed, as the normalize step did for the reference
     (the library of each dataset is its own). Log-expression is used as it is.
-    ``value_type`` defaults to the model's.
+    ``value_type`` defaults to the model's. ``samples_path`` may be None for an ``.h5ad``
+    whose ``obs`` holds the columns (see :func:`locusformer.io.read_samples`).
     """
-    from locusformer.io import open_expression, read_sample_sheet
+    from locusformer.io import open_expression, read_samples
     from locusformer.preprocess import NormalizeParams, plan_normalization, sample_table
 
     norm = model.record.normalization or {}
@@ -282,10 +284,10 @@ def prepare_query(
         target_sum=float(norm.get("target_sum", 1e4)), min_samples=1, n_top_genes=0
     )
     with open_expression(expression_path, layer=layer) as source:
-        sheet = read_sample_sheet(samples_path, sample_column=sample_column)
+        sheet, sheet_path = read_samples(expression_path, samples_path, sample_column)
         obs = sample_table(
             source.obs_names, source.var_names, sheet, batch_key, label_key,
-            matrix_path=str(expression_path), sheet_path=str(samples_path),
+            matrix_path=str(expression_path), sheet_path=sheet_path,
         )  # fmt: skip
         plan = plan_normalization(source, obs, value_type, batch_key, params)
         genes = source.var_names[plan.genes]
@@ -299,7 +301,7 @@ def run_map(
     weights_path: str | os.PathLike,
     config_path: str | os.PathLike,
     expression_path: str | os.PathLike,
-    samples_path: str | os.PathLike,
+    samples_path: str | os.PathLike | None,
     batch_key: str,
     corrected_out: str | os.PathLike,
     latent_out: str | os.PathLike,
@@ -314,10 +316,12 @@ def run_map(
     adapt_epochs: int = 0,
     seed: int = 0,
     device: str = "auto",
+    model_name: str | None = None,
 ) -> MappingResult:
     """Map a query file onto a saved model; write correct's outputs and a JSON report.
 
-    The report says which model, how the genes met (present, filled, ignored), which
+    The report says which model (``model_name``, by default the folder of its weights),
+    how the genes met (present, filled, ignored), which
     batches were new and whether they were adapted. Everything is checked before the
     first output is written. The query is held in memory (a model's loci x samples).
     """
@@ -339,7 +343,11 @@ def run_map(
     genes = pd.Index(model.gene_ids)
     ids = samples.index.astype(str)
     report = {
-        "model": {"weights": str(weights_path), "config": str(config_path)},
+        "model": {
+            "name": model_name or str(Path(weights_path).parent),
+            "weights": str(weights_path),
+            "config": str(config_path),
+        },
         "trained_batches": list(model.batch_names),
         "new_batches": result.new_batches,
         "adapted": result.adapted,

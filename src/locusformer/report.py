@@ -34,6 +34,7 @@ from locusformer.report_sections import (
     history_section,
     index_groups,
     loci_section,
+    mapping_section,
     metrics_section,
     runtime_section,
     summary_section,
@@ -124,6 +125,7 @@ def render_dataset_report(
     attention_npz: PathLike | None = None,
     benchmark_files: Mapping[str, Paths] | None = None,
     confounding_json: PathLike | None = None,
+    mapping_json: PathLike | None = None,
     config: Mapping[str, Any] | None = None,
     seed: int | None = None,
     batch_key: str = "batch",
@@ -140,7 +142,9 @@ def render_dataset_report(
     method -> integration result h5ad (``uncorrected`` is shown first);
     ``benchmark_files`` maps rule -> Snakemake benchmark TSV(s); ``confounding_json`` is
     the design check of :mod:`locusformer.confounding` (a confounded design is stated at
-    the top of the report); ``embedding`` is ``"auto"`` (UMAP from
+    the top of the report); ``mapping_json``, for a dataset mapped onto a trained model
+    instead of trained (``locusformer map``), says at the top which model and which
+    batches were new; ``embedding`` is ``"auto"`` (UMAP from
     :data:`~locusformer.report_sections.UMAP_MIN_SAMPLES` samples on, else PCA),
     ``"umap"`` or ``"pca"``.
     """
@@ -162,6 +166,7 @@ def render_dataset_report(
     sections = {
         "summary": summary_section(stats_json, obs, batch_key, label_key),
         "confounding": confounding_section(confounding_json),
+        "mapping": mapping_section(mapping_json),
         "loci": loci_section(loci_parquet),
         "history": history_section(history_tsv),
         "embeddings": emb_section,

@@ -310,6 +310,32 @@ def confounding_section(confounding_json: PathLike | None) -> dict:
     }
 
 
+def mapping_section(mapping_json: PathLike | None) -> dict:
+    """Which trained model a mapped dataset went onto and which of its batches were new
+    (the ``mapping.json`` of ``locusformer map``); not available for a trained dataset."""
+    if mapping_json is None:
+        return {"available": False}
+    try:
+        with open(mapping_json, encoding="utf-8") as handle:
+            record = json.load(handle)
+        model, genes = record["model"], record["genes"]
+        return {
+            "available": True,
+            "model": str(model.get("name") or Path(model["weights"]).parent),
+            "trained_batches": [str(b) for b in record["trained_batches"]],
+            "new_batches": [str(b) for b in record["new_batches"]],
+            "adapted": bool(record["adapted"]),
+            "adapt_epochs": int(record.get("adapt_epochs", 0)),
+            "n_model_loci": int(genes["n_model_loci"]),
+            "n_present": int(genes["n_present"]),
+            "n_missing": int(genes["n_missing"]),
+        }
+    except (OSError, ValueError) as exc:
+        raise InputError(mapping_json, f"cannot read the mapping report: {one_line(exc)}") from None
+    except (KeyError, TypeError) as exc:
+        raise InputError(mapping_json, f"not a mapping report (no {one_line(exc)})") from None
+
+
 def metrics_section(metrics_tsv: PathLike | None, names: Mapping[str, str] | None = None) -> dict:
     """The metrics table ranked by total score, the best of each metric, and the verdict.
 
