@@ -459,8 +459,8 @@ def read_obs(path: PathLike) -> pd.DataFrame:
         values = obs[column]
         if pd.api.types.is_float_dtype(values) and (values.dropna() % 1 == 0).all():
             values = values.astype("Int64")
-        text = values.astype(object).where(values.notna(), "")
-        frame[str(column)] = [str(v).strip() for v in text]
+        text = values.astype(object).where(values.notna(), "").astype(str)
+        frame[str(column)] = text.str.strip().to_numpy()
     check_unique(path, frame.index, "sample")
     return frame
 
