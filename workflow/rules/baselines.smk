@@ -12,7 +12,7 @@ rule baseline:
     wildcard_constraints:
         method="|".join(BASELINES),
     conda:
-        "../envs/locusformer.yaml"
+        "../envs/baselines.yaml"
     threads: 2
     params:
         batch_key=get_batch_key,
@@ -21,7 +21,8 @@ rule baseline:
         protect=get_protect_arg,
         seed=SEED,
     shell:
-        "OMP_NUM_THREADS={threads} python -m locusformer baseline --method {wildcards.method}"
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}} OMP_NUM_THREADS={threads}"
+        " python -m locusformer baseline --method {wildcards.method}"
         " --matrix {input.matrix:q} --samples {input.samples:q} {params.counts} {params.protect}"
         " --batch-key {params.batch_key} {params.label} --seed {params.seed}"
         " --out {output:q} 2> {log:q}"
@@ -39,12 +40,13 @@ rule locusformer_result:
     wildcard_constraints:
         method="|".join(LOCUSFORMER_METHODS),
     conda:
-        "../envs/locusformer.yaml"
+        "../envs/baselines.yaml"
     params:
         representation=lambda wildcards: LOCUSFORMER_METHODS[wildcards.method],
         batch_key=get_batch_key,
         label=get_label_arg,
     shell:
-        "python -m locusformer locusformer-result --h5ad {input:q} --method {wildcards.method}"
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}}"
+        " python -m locusformer locusformer-result --h5ad {input:q} --method {wildcards.method}"
         " --representation {params.representation} --batch-key {params.batch_key}"
         " {params.label} --out {output:q} 2> {log:q}"

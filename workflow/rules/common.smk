@@ -106,11 +106,21 @@ SEED = config["seed"]
 
 # Jobs run `python -m locusformer` from the workflow's own src/, so results never depend
 # on which locusformer happens to be installed in the environment (venv, conda env or
-# cluster node) that runs a job. Jobs inherit this process's environment, and a job on a
-# cluster node parses this file again, so the path is set there too.
-SRC = str(Path(workflow.basedir).parent / "src")
+# cluster node) that runs a job. src/ is found from this file, which is right also when
+# another workflow uses this one as a module (workflow.basedir is then that workflow's
+# folder). Jobs inherit this process's environment, and a job on a cluster node parses
+# this file again, so the path is set there too. Snakemake starts jobs in a conda env
+# (--sdm conda) without PYTHONPATH: every command starts with
+# PYTHONPATH=${PYTHONPATH-$LOCUSFORMER_SRC}, the path set here, or src/ alone in a conda
+# env. Without src/ on disk (a module read from GitHub) the installed package runs.
+SRC = str(
+    Path(workflow.current_basedir.get_path_or_uri(secret_free=True)).parents[1] / "src"
+)
+if not Path(SRC, "locusformer", "__main__.py").is_file():
+    SRC = ""
 _inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p != SRC]
-os.environ.update(PYTHONPATH=os.pathsep.join([SRC, *filter(None, _inherited)]))
+os.environ.update(PYTHONPATH=os.pathsep.join(filter(None, [SRC, *_inherited])))
+os.environ.update(LOCUSFORMER_SRC=SRC)
 # `python` in a job is the interpreter running Snakemake (so a venv works without being
 # activated), unless a rule's conda env is activated, which puts its own python first.
 os.environ.update(
@@ -133,16 +143,23 @@ def optional(value, flag):
     return f"{flag} {shlex.quote(str(value))}"
 
 
+def sheet_path(path):
+    """A file named by the datasets sheet, relative to the working directory even when a
+    deploying workflow gives this one a ``prefix:`` (which Snakemake puts before every
+    relative input path); ``local`` also keeps a default storage provider off it."""
+    return local(path)
+
+
 def get_expression(wildcards):
-    return dataset(wildcards)["expression"]
+    return sheet_path(dataset(wildcards)["expression"])
 
 
 def get_samples(wildcards):
-    return dataset(wildcards)["samples"]
+    return sheet_path(dataset(wildcards)["samples"])
 
 
 def get_genes(wildcards):
-    return dataset(wildcards)["genes"]
+    return sheet_path(dataset(wildcards)["genes"])
 
 
 def get_normalize_args(wildcards):
@@ -280,16 +297,55 @@ def report_benchmarks(name):
     return steps
 
 
-def get_report_results(wildcards):
-    name = wildcards.dataset
+# Paths in params are taken from the rule's input and output, never written out again: a
+# deploying workflow's module ``prefix:`` changes those, not strings in params.
+
+
+def get_checkpoint(wildcards, output):
+    """results/{dataset}/checkpoints/train.pt, beside the model's folder."""
+    return str(Path(output.weights).parent.parent / "checkpoints" / "train.pt")
+
+
+def get_report_results(wildcards, input):
     return " ".join(
-        f"--result {shlex.quote(f'{m}=results/{name}/integrated/{m}.h5ad')}"
-        for m in methods()
+        f"--result {shlex.quote(f'{m}={path}')}"
+        for m, path in zip(methods(), input.results, strict=True)
     )
 
 
-def get_report_benchmarks(wildcards):
+def get_report_benchmarks(wildcards, input):
+    steps = [step for step, _ in report_benchmarks(wildcards.dataset)]
     return " ".join(
         f"--benchmark {shlex.quote(f'{step}={path}')}"
-        for step, path in report_benchmarks(wildcards.dataset)
+        for step, path in zip(steps, input.benchmarks, strict=True)
     )
+
+
+def get_summary_metrics(wildcards, input):
+    return [
+        f"--metrics {shlex.quote(f'{name}={path}')}"
+        for name, path in zip(DATASETS.index, input.metrics, strict=True)
+    ]
+
+
+def get_summary_benchmarks(wildcards, input):
+    return [
+        f"--benchmark {shlex.quote(f'{name}/{method}={path}')}"
+        for (name, method, _), path in zip(
+            get_benchmarks(), input.benchmarks, strict=True
+        )
+    ]
+
+
+def get_index_reports(wildcards, input):
+    return [
+        f"--report {shlex.quote(f'{name}={path}')}"
+        for name, path in zip(DATASETS.index, input.reports, strict=True)
+    ]
+
+
+def get_index_confounding(wildcards, input):
+    return [
+        f"--confounding {shlex.quote(f'{name}={path}')}"
+        for name, path in zip(DATASETS.index, input.confounding, strict=True)
+    ]

@@ -9,14 +9,15 @@ rule metrics:
     benchmark:
         "benchmarks/out/{dataset}/metrics_{method}.tsv"
     conda:
-        "../envs/locusformer.yaml"
+        "../envs/metrics.yaml"
     threads: 2
     params:
         batch_key=get_batch_key,
         label=get_label_arg,
         seed=SEED,
     shell:
-        "OMP_NUM_THREADS={threads} python -m locusformer metrics --result {input.result:q}"
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}} OMP_NUM_THREADS={threads}"
+        " python -m locusformer metrics --result {input.result:q}"
         " --uncorrected {input.uncorrected:q} --method {wildcards.method}"
         " --batch-key {params.batch_key} {params.label} --seed {params.seed}"
         " --out {output:q} 2> {log:q}"
@@ -37,9 +38,10 @@ rule aggregate_metrics:
     benchmark:
         "benchmarks/out/{dataset}/aggregate_metrics.tsv"
     conda:
-        "../envs/locusformer.yaml"
+        "../envs/metrics.yaml"
     shell:
-        "python -m locusformer aggregate-metrics {input:q} --out {output:q} 2> {log:q}"
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}}"
+        " python -m locusformer aggregate-metrics {input:q} --out {output:q} 2> {log:q}"
 
 
 rule summarize:
@@ -58,16 +60,11 @@ rule summarize:
     benchmark:
         "benchmarks/out/summarize.tsv"
     conda:
-        "../envs/locusformer.yaml"
+        "../envs/metrics.yaml"
     params:
-        metrics=[
-            f"--metrics {shlex.quote(f'{name}=results/{name}/metrics.tsv')}"
-            for name in DATASETS.index
-        ],
-        benchmarks=[
-            f"--benchmark {shlex.quote(f'{name}/{method}={path}')}"
-            for name, method, path in get_benchmarks()
-        ],
+        metrics=get_summary_metrics,
+        benchmarks=get_summary_benchmarks,
     shell:
-        "python -m locusformer summarize {params.metrics} {params.benchmarks}"
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}}"
+        " python -m locusformer summarize {params.metrics} {params.benchmarks}"
         " --out {output:q} 2> {log:q}"

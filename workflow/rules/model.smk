@@ -15,7 +15,7 @@ rule train:
     benchmark:
         "benchmarks/out/{dataset}/train.tsv"
     conda:
-        "../envs/locusformer.yaml"
+        "../envs/torch.yaml"
     threads: TRAIN_RESOURCES["threads"]
     resources:
         gpu=TRAIN_RESOURCES["gpu"],
@@ -30,10 +30,12 @@ rule train:
         device=config["device"],
         # Outside the declared outputs: Snakemake deletes those when a job fails, and a
         # retry or rerun must find the checkpoint to continue where training stopped.
-        checkpoint="results/{dataset}/checkpoints/train.pt",
+        checkpoint=get_checkpoint,
         launcher=get_train_launcher,
     shell:
-        "OMP_NUM_THREADS={threads} {params.launcher} train --matrix {input.matrix:q}"
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}} OMP_NUM_THREADS={threads}"
+        " {params.launcher} train"
+        " --matrix {input.matrix:q}"
         " --loci {input.loci:q} --samples {input.samples:q} --batch-key {params.batch_key}"
         " --params {params.train_params} --seed {params.seed} --device {params.device}"
         " --checkpoint {params.checkpoint:q} --out-weights {output.weights:q}"
@@ -55,7 +57,7 @@ rule correct:
     benchmark:
         "benchmarks/out/{dataset}/correct.tsv"
     conda:
-        "../envs/locusformer.yaml"
+        "../envs/torch.yaml"
     threads: 2
     resources:
         mem_mb=lambda wildcards, attempt: 4000 * attempt,
@@ -66,7 +68,8 @@ rule correct:
         chunk_size=config["correct"]["chunk_size"],
         device=config["device"],
     shell:
-        "OMP_NUM_THREADS={threads} python -m locusformer correct --matrix {input.matrix:q}"
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}} OMP_NUM_THREADS={threads}"
+        " python -m locusformer correct --matrix {input.matrix:q}"
         " --samples {input.samples:q} --batch-key {params.batch_key}"
         " --weights {input.weights:q} --config {input.config:q}"
         " --reference {params.reference} {params.residual} --chunk-size {params.chunk_size}"

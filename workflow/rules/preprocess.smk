@@ -12,7 +12,7 @@ rule normalize:
     benchmark:
         "benchmarks/out/{dataset}/normalize.tsv"
     conda:
-        "../envs/locusformer.yaml"
+        "../envs/preprocess.yaml"
     params:
         args=get_normalize_args,
         target_sum=config["normalize"]["target_sum"],
@@ -21,7 +21,8 @@ rule normalize:
         hvg_max_samples=config["normalize"]["hvg_max_samples"],
         seed=SEED,
     shell:
-        "python -m locusformer normalize --expression {input.expression:q} --samples {input.samples:q}"
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}}"
+        " python -m locusformer normalize --expression {input.expression:q} --samples {input.samples:q}"
         " {params.args} --target-sum {params.target_sum} --min-samples {params.min_samples}"
         " --n-top-genes {params.n_top_genes} --hvg-max-samples {params.hvg_max_samples}"
         " --seed {params.seed} --out-matrix {output.matrix:q}"
@@ -42,14 +43,15 @@ rule order_loci:
     benchmark:
         "benchmarks/out/{dataset}/order_loci.tsv"
     conda:
-        "../envs/locusformer.yaml"
+        "../envs/preprocess.yaml"
     params:
         gene_id=get_gene_id,
         unplaced=config["loci"]["unplaced"],
         order=config["loci"]["order"],
         seed=SEED,
     shell:
-        "python -m locusformer order-loci --matrix {input.matrix:q} --genes {input.genes:q}"
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}}"
+        " python -m locusformer order-loci --matrix {input.matrix:q} --genes {input.genes:q}"
         " --gene-id {params.gene_id} --unplaced {params.unplaced}"
         " --order {params.order} --seed {params.seed}"
         " --out-loci {output.loci:q} --out-matrix {output.matrix:q}"

@@ -12,12 +12,13 @@ rule attention_map:
     benchmark:
         "benchmarks/out/{dataset}/attention_map.tsv"
     conda:
-        "../envs/locusformer.yaml"
+        "../envs/torch.yaml"
     params:
         batch_key=get_batch_key,
         device=config["device"],
     shell:
-        "python -m locusformer attention --matrix {input.matrix:q} --loci {input.loci:q}"
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}}"
+        " python -m locusformer attention --matrix {input.matrix:q} --loci {input.loci:q}"
         " --samples {input.samples:q} --batch-key {params.batch_key}"
         " --weights {input.weights:q} --config {input.config:q} --device {params.device}"
         " --out {output:q} 2> {log:q}"
@@ -39,14 +40,15 @@ rule confounding:
     benchmark:
         "benchmarks/out/{dataset}/confounding.tsv"
     conda:
-        "../envs/locusformer.yaml"
+        "../envs/preprocess.yaml"
     threads: 2
     params:
         batch_key=get_batch_key,
         label=get_label_arg,
         seed=SEED,
     shell:
-        "OMP_NUM_THREADS={threads} python -m locusformer confounding --matrix {input.matrix:q}"
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}} OMP_NUM_THREADS={threads}"
+        " python -m locusformer confounding --matrix {input.matrix:q}"
         " --samples {input.samples:q} --batch-key {params.batch_key} {params.label}"
         " --seed {params.seed} --out {output:q} 2> {log:q}"
 
@@ -74,7 +76,7 @@ rule report:
     benchmark:
         "benchmarks/out/{dataset}/report.tsv"
     conda:
-        "../envs/locusformer.yaml"
+        "../envs/report.yaml"
     params:
         results=get_report_results,
         benchmarks=get_report_benchmarks,
@@ -83,7 +85,8 @@ rule report:
         run_config=shlex.quote(json.dumps(config, sort_keys=True)),
         seed=SEED,
     shell:
-        "python -m locusformer report --dataset {wildcards.dataset} --metrics {input.metrics:q}"
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}}"
+        " python -m locusformer report --dataset {wildcards.dataset} --metrics {input.metrics:q}"
         " --stats {input.stats:q} --loci {input.loci:q} --history {input.history:q}"
         " --attention {input.attention:q} --confounding {input.confounding:q}"
         " {params.results} {params.benchmarks}"
@@ -108,16 +111,11 @@ rule index:
     benchmark:
         "benchmarks/out/index.tsv"
     conda:
-        "../envs/locusformer.yaml"
+        "../envs/report.yaml"
     params:
-        reports=[
-            f"--report {shlex.quote(f'{name}=results/{name}/report.html')}"
-            for name in DATASETS.index
-        ],
-        confounding=[
-            f"--confounding {shlex.quote(f'{name}=results/{name}/confounding.json')}"
-            for name in DATASETS.index
-        ],
+        reports=get_index_reports,
+        confounding=get_index_confounding,
     shell:
-        "python -m locusformer index --summary {input.summary:q} {params.reports}"
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}}"
+        " python -m locusformer index --summary {input.summary:q} {params.reports}"
         " {params.confounding} --out {output:q} 2> {log:q}"
