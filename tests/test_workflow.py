@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import time
+import zipfile
 
+import anndata
 import numpy as np
 import pandas as pd
 import pytest
 from browser import ARTIFACTS, CHROMIUM, probe, screenshot
+from conda_envs import env_packages, own_imports, rules
 from conftest import ROOT
 from workflow_helpers import (
     BIN,
-    TINY_CONFIG,
+    TEST_DIR,
     _demo_row,
     _env,
     _snakemake,
-    _tiny_demo,
+    _test_copy,
     _workdir,
 )
 
@@ -113,11 +118,56 @@ def test_another_datasets_sheet_is_chosen_from_the_command_line(tmp_path):
     assert "results/first/" not in result.stdout
 
 
-@pytest.mark.slow
-def test_end_to_end_on_a_tiny_real_dataset(tmp_path):
-    workdir = _workdir(tmp_path, TINY_CONFIG, [_tiny_demo(tmp_path)])
-    result = _snakemake(workdir, "--cores", "2")
+# The slow tests below share one tiny run of .test/config (about 5 min on 2 cores): its
+# outputs, its report and the imports of its jobs are each checked on that one run.
+IMPORT_PROBE = ROOT / "tests" / "import_probe"
+
+
+def _probe_env(folder) -> dict:
+    """Snakemake's environment with tests/import_probe recording every job's imports."""
+    folder.mkdir(exist_ok=True)
+    pythonpath = [str(IMPORT_PROBE), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return _env(PYTHONPATH=os.pathsep.join(pythonpath), LOCUSFORMER_IMPORTS=str(folder))
+
+
+def _jobs_imports(folder) -> dict[str, list[set[str]]]:
+    """locusformer command -> the distributions each of its jobs' own code imported."""
+    jobs: dict[str, list[set[str]]] = {}
+    for path in sorted(folder.glob("*.json")):
+        record = json.loads(path.read_text())
+        argv = record["argv"]
+        if argv and argv[0].endswith(os.path.join("locusformer", "__main__.py")):
+            jobs.setdefault(argv[1], []).append(own_imports(record["modules"]))
+    return jobs
+
+
+def _assert_envs_cover(jobs: dict[str, list[set[str]]]) -> None:
+    by_command = {}
+    for name, rule in rules().items():
+        by_command.setdefault(rule["command"], []).append((name, rule["env"]))
+    missing = []
+    for command, imports in jobs.items():
+        for name, env in by_command[command]:
+            listed = set(env_packages(env))
+            for needed in imports:
+                missing += [(name, env.name, dist) for dist in sorted(needed - listed)]
+    assert not missing, f"imported by a job, not in its rule's conda env: {sorted(set(missing))}"
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_run")
+    workdir = _test_copy(root)
+    started = time.monotonic()
+    result = _snakemake(workdir, "--cores", "2", env=_probe_env(root / "imports"))
     assert result.returncode == 0, result.stderr[-4000:]
+    print(f"tiny run: {time.monotonic() - started:.0f} s")
+    return {"workdir": workdir, "imports": root / "imports", "tmp": root}
+
+
+@pytest.mark.slow
+def test_end_to_end_on_a_tiny_real_dataset(tiny_run):
+    workdir, tmp_path = tiny_run["workdir"], tiny_run["tmp"]
     out = workdir / "results" / "tiny"
     stats = json.loads((out / "stats" / "normalize.json").read_text())
     assert stats["n_genes_kept"] == 256 and set(stats["samples_per_batch"]) == {
@@ -163,6 +213,123 @@ def test_end_to_end_on_a_tiny_real_dataset(tmp_path):
     # A second run has nothing to do.
     again = _snakemake(workdir, "-n", "--quiet", "rules")
     assert again.returncode == 0 and "train" not in again.stdout
+
+
+def _captioned_outputs() -> list[str]:
+    """The output patterns that the rules mark with report(..., caption=...)."""
+    patterns = []
+    for path in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
+        text = path.read_text()
+        patterns += re.findall(r'report\(\s*(?:directory\()?\s*"([^"]+)"', text)
+    return patterns
+
+
+@pytest.mark.slow
+def test_the_report_holds_every_captioned_output(tiny_run):
+    workdir = tiny_run["workdir"]
+    started = time.monotonic()
+    result = _snakemake(workdir, "--report", "report.zip", timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    print(f"report: {time.monotonic() - started:.0f} s")
+    # The archive holds report/report.html and each file as report/data/raw/HASH/NAME.
+    with zipfile.ZipFile(workdir / "report.zip") as archive:
+        inside = {}
+        for name in archive.namelist():
+            inside.setdefault(name.rsplit("/", 1)[-1], []).append(archive.read(name))
+        html = archive.read("report/report.html").decode()
+    patterns = _captioned_outputs()
+    assert len(patterns) >= 6, patterns
+    for pattern in patterns:
+        path = workdir / pattern.replace("{dataset}", "tiny")
+        # A directory (the figures) is in the report file by file, Snakemake's marker aside.
+        files = [path]
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if not p.name.startswith("."))
+        assert files and all(f.is_file() for f in files), path
+        for file in files:
+            assert file.read_bytes() in inside.get(file.name, []), (file, "not in report.zip")
+    assert 'id="workflow-desc"' in html and "LocusFormer: batch-effect correction" in html
+
+
+@pytest.mark.slow
+def test_every_job_imports_only_what_its_rules_conda_env_lists(tiny_run):
+    jobs = _jobs_imports(tiny_run["imports"])
+    commands = {rule["command"] for rule in rules().values()}
+    # map runs for a dataset mapped onto a trained model, not in the tiny run:
+    # tests/test_workflow_mapping.py checks its job's imports.
+    assert set(jobs) == commands - {"map"}, "every rule ran and was recorded"
+    assert {"torch"} <= set().union(*jobs["train"])  # the probe saw the lazy imports
+    _assert_envs_cover(jobs)
+
+
+@pytest.mark.slow
+def test_an_h5ad_input_normalizes_like_the_same_counts_as_csv(tiny_run, tmp_path):
+    workdir = _test_copy(tmp_path)
+    h5ad = workdir / "config" / "h5ad.yaml"
+    target = "results/tiny_h5ad/ordered.parquet"
+    result = _snakemake(workdir, target, "--cores", "2", "--configfile", str(h5ad))
+    assert result.returncode == 0, result.stderr[-4000:]
+    for name in ("normalized.parquet", "ordered.parquet"):
+        from_h5ad = pd.read_parquet(workdir / "results" / "tiny_h5ad" / name)
+        from_csv = pd.read_parquet(tiny_run["workdir"] / "results" / "tiny" / name)
+        pd.testing.assert_frame_equal(from_h5ad, from_csv)
+
+
+@pytest.mark.slow
+def test_the_scvi_config_runs_the_scvi_baseline(tmp_path):
+    pytest.importorskip("scvi")
+    workdir = _test_copy(tmp_path)
+    scvi = workdir / "config" / "scvi.yaml"
+    target = "results/tiny/integrated/scvi.h5ad"
+    env = _probe_env(tmp_path / "imports")
+    result = _snakemake(workdir, target, "--cores", "2", "--configfile", str(scvi), env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    adata = anndata.read_h5ad(workdir / target)
+    assert adata.uns.get("status", "ok") == "ok", adata.uns
+    jobs = _jobs_imports(tmp_path / "imports")
+    assert "scvi-tools" in set().union(*jobs["baseline"])
+    _assert_envs_cover(jobs)
+
+
+@pytest.mark.slow
+def test_the_workflow_runs_as_a_module_with_and_without_a_prefix(tmp_path):
+    workdir = _test_copy(tmp_path)
+    module = ["--snakefile", str(TEST_DIR / "module" / "Snakefile"), "--config", "baselines=[]"]
+    # Planned whole, both modules: every rule of each, under its own name.
+    planned = _snakemake(workdir, *module, "-n", "--quiet", "rules")
+    assert planned.returncode == 0, planned.stderr[-4000:]
+    for name in ("train", "metrics", "report", "summarize", "index"):
+        assert f"locusformer_{name} " in planned.stdout and f"prefixed_{name} " in planned.stdout
+    # Run: the prefixed module end to end, the plain one up to the ordered matrix (the tiny
+    # run above is the same rules end to end without a module).
+    started = time.monotonic()
+    targets = ["prefixed_all", "results/tiny/ordered.parquet"]
+    result = _snakemake(workdir, *targets, "--cores", "2", *module)  # --config takes the rest
+    assert result.returncode == 0, result.stderr[-4000:]
+    print(f"module run: {time.monotonic() - started:.0f} s")
+    results = workdir / "prefixed" / "results"
+    summary = pd.read_csv(results / "summary.tsv", sep="\t")
+    assert set(summary["method"]) == {"uncorrected", "locusformer", "locusformer_latent"}
+    assert (summary["status"] == "ok").all(), summary
+    assert (results / "tiny" / "report.html").exists()
+    assert 'href="tiny/report.html"' in (results / "index.html").read_text()
+    assert (results / "tiny" / "checkpoints" / "train.pt").exists()
+    assert (workdir / "prefixed" / "logs" / "tiny" / "train.log").exists()
+    # Nothing of the prefixed module landed outside its prefix: results/ holds the plain
+    # module's normalize and order_loci outputs only.
+    plain = workdir / "results"
+    assert {p.relative_to(plain).as_posix() for p in plain.rglob("*") if p.is_file()} == {
+        f"tiny/{name}"
+        for name in (
+            "normalized.parquet",
+            "counts.parquet",
+            "samples.tsv",
+            "stats/normalize.json",
+            "loci.parquet",
+            "ordered.parquet",
+            "stats/loci.json",
+        )
+    }
 
 
 def test_workflow_needs_no_shared_data():

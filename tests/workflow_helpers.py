@@ -1,9 +1,10 @@
 """Helpers shared by the workflow tests: a work directory with its own config and sheet,
-the tiny real demo data set, and running Snakemake on it."""
+the tiny real demo data set, the test configs of .test/, and running Snakemake on them."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,31 +16,44 @@ from conftest import ROOT
 BIN = Path(sys.executable).parent
 SNAKEMAKE = [str(BIN / "snakemake"), "--snakefile", str(ROOT / "workflow" / "Snakefile")]
 
+# The test configs and their data, as catalog workflows keep them (.test/README.md).
+TEST_DIR = ROOT / ".test"
+# The tiny run's settings (a one-layer model, three epochs), for tests with data of their own.
 TINY_CONFIG = {
-    "seed": 7,
-    "normalize": {"n_top_genes": 256},
-    "model": {"patch_size": 8, "d_model": 32, "n_heads": 2, "n_layers": 1, "latent_dim": 8},
-    "training": {"max_epochs": 3, "batch_size": 32},
-    "device": "cpu",
-    "resources": {"train": {"threads": 1}},
+    key: value
+    for key, value in yaml.safe_load((TEST_DIR / "config" / "config.yaml").read_text()).items()
+    if key != "datasets"
 }
 
 
-def _env() -> dict:
+def _env(**extra: str) -> dict:
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # jobs run `python -m locusformer`
+    env.update(extra)
     return env
 
 
-def _snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+def _snakemake(
+    workdir: Path, *args: str, timeout: int = 900, env: dict | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [*SNAKEMAKE, "--directory", str(workdir), *args],
         capture_output=True,
         text=True,
-        env=_env(),
+        env=env or _env(),
         timeout=timeout,
         check=False,
     )
+
+
+def _test_copy(tmp_path: Path) -> Path:
+    """A copy of .test/ (configs and data) to run in, with ../resources beside it as in
+    the repository; returns the copy's folder, the working directory of its runs."""
+    workdir = tmp_path / ".test"
+    for part in ("config", "data"):
+        shutil.copytree(TEST_DIR / part, workdir / part)
+    (tmp_path / "resources").symlink_to(ROOT / "resources")
+    return workdir
 
 
 def _workdir(tmp_path: Path, config: dict, rows: list[dict]) -> Path:
