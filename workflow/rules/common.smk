@@ -104,6 +104,59 @@ def read_datasets(path):
 DATASETS = read_datasets(config["datasets"])
 SEED = config["seed"]
 
+
+def given(row, column):
+    """The row's cell, or None where the sheet leaves it empty (or lacks the column)."""
+    value = row.get(column)
+    return None if value is None or pd.isna(value) or value == "" else str(value)
+
+
+def check_samples(sheet, path):
+    """Only an .h5ad (its obs holding the columns) can do without a sample sheet."""
+    for name, row in sheet.iterrows():
+        if given(row, "samples") is None and not row["expression"].endswith(".h5ad"):
+            refuse(
+                f"{path}, dataset {name!r}: samples is empty; only an .h5ad expression"
+                " (whose obs holds the batch column) can do without a sample sheet"
+            )
+
+
+def model_sources(sheet, path):
+    """Dataset -> (kind, where) for the rows mapped onto a trained model: ("dataset",
+    name) for another row of the sheet, whose train rule makes the model, or ("folder",
+    path) for a folder holding model.pt and model.json. A name of the sheet wins over a
+    folder of the same name."""
+    sources = {}
+    for name, row in sheet.iterrows():
+        model = given(row, "model")
+        if model is None:
+            continue
+        where = f"{path}, dataset {name!r}: model {model!r}"
+        if model == name:
+            refuse(f"{where} names the dataset itself; train it (leave model empty)")
+        if model in sheet.index:
+            if given(sheet.loc[model], "model") is not None:
+                refuse(
+                    f"{where} is itself mapped onto a model, not trained; name the"
+                    f" dataset (or folder) it maps onto: {sheet.loc[model, 'model']!r}"
+                )
+            sources[name] = ("dataset", model)
+        elif all(Path(model, f).is_file() for f in ("model.pt", "model.json")):
+            sources[name] = ("folder", model)
+        else:
+            refuse(
+                f"{where} is neither a dataset of the sheet nor a folder holding"
+                " model.pt and model.json"
+            )
+    return sources
+
+
+check_samples(DATASETS, config["datasets"])
+# Datasets mapped onto a trained model (`locusformer map`) and the ones trained here.
+MODEL_SOURCES = model_sources(DATASETS, config["datasets"])
+TRAINED = [name for name in DATASETS.index if name not in MODEL_SOURCES]
+MAPPED = [name for name in DATASETS.index if name in MODEL_SOURCES]
+
 # Jobs run `python -m locusformer` from the workflow's own src/, so results never depend
 # on which locusformer happens to be installed in the environment (venv, conda env or
 # cluster node) that runs a job. src/ is found from this file, which is right also when
@@ -128,8 +181,20 @@ os.environ.update(
 )
 
 
+def name_pattern(names):
+    """A wildcard constraint matching exactly these dataset names (none: nothing)."""
+    return "|".join(name.replace(".", r"\.") for name in names) or "(?!)"
+
+
 wildcard_constraints:
-    dataset="|".join(DATASETS.index.map(lambda name: name.replace(".", r"\."))),
+    dataset=name_pattern(DATASETS.index),
+
+
+# A dataset's corrected outputs (corrected.parquet, latent.parquet, locusformer.h5ad) come
+# from `correct` for a trained dataset and from `map` for a mapped one: each rule's
+# wildcard constraint names its datasets, so every output has one rule that can make it.
+TRAINED_PATTERN = name_pattern(TRAINED)
+MAPPED_PATTERN = name_pattern(MAPPED)
 
 
 def dataset(wildcards):
@@ -155,7 +220,13 @@ def get_expression(wildcards):
 
 
 def get_samples(wildcards):
-    return sheet_path(dataset(wildcards)["samples"])
+    """The sample sheet, or nothing for an .h5ad whose obs holds the columns."""
+    samples = given(dataset(wildcards), "samples")
+    return [] if samples is None else sheet_path(samples)
+
+
+def get_samples_arg(wildcards, input):
+    return f"--samples {shlex.quote(input.samples)}" if input.samples else ""
 
 
 def get_genes(wildcards):
@@ -202,6 +273,41 @@ def get_train_launcher(wildcards):
             f" --nproc-per-node {devices} -m locusformer"
         )
     return "python -m locusformer"
+
+
+def get_train_protect_arg():
+    """``--protect COLUMN`` per protected column: LocusFormer removes batch within them."""
+    return " ".join(f"--protect {shlex.quote(c)}" for c in config["protect"])
+
+
+def model_folder(name):
+    """The folder of the trained model behind a dataset's LocusFormer results."""
+    kind, where = MODEL_SOURCES.get(name, ("dataset", name))
+    return f"results/{where}/model" if kind == "dataset" else where
+
+
+def get_model_files(wildcards):
+    """model.pt and model.json that `map` applies: another dataset's train outputs (so
+    that dataset is trained first) or those of a folder named in the sheet."""
+    kind, where = MODEL_SOURCES[wildcards.dataset]
+    files = {"weights": "model.pt", "config": "model.json"}
+    if kind == "dataset":
+        return {k: f"results/{where}/model/{f}" for k, f in files.items()}
+    return {k: sheet_path(str(Path(where, f))) for k, f in files.items()}
+
+
+def get_map_args(wildcards):
+    row = dataset(wildcards)
+    kind, where = MODEL_SOURCES[wildcards.dataset]
+    return " ".join(
+        [
+            f"--batch-key {shlex.quote(row['batch_key'])}",
+            optional(row.get("label_key"), "--label-key"),
+            optional(row.get("layer"), "--layer"),
+            f"--value-type {row['value_type']}",
+            f"--model-name {shlex.quote(where)}",
+        ]
+    )
 
 
 def get_final_outputs():
@@ -257,9 +363,14 @@ def get_benchmarks():
         for method in BASELINES:
             pairs.append((name, method, f"benchmarks/out/{name}/baseline_{method}.tsv"))
         for method in LOCUSFORMER_METHODS:
-            for step in ("train", "correct"):
+            for step in locusformer_steps(name):
                 pairs.append((name, method, f"benchmarks/out/{name}/{step}.tsv"))
     return pairs
+
+
+def locusformer_steps(name):
+    """The rules that make a dataset's LocusFormer results: mapped, the model exists."""
+    return ["map"] if name in MODEL_SOURCES else ["train", "correct"]
 
 
 REPORT_STEPS = [
@@ -272,9 +383,16 @@ REPORT_STEPS = [
 ]
 
 
+def report_steps(name):
+    if name in MODEL_SOURCES:
+        model_steps = ("train", "correct", "attention_map")
+        return [step for step in REPORT_STEPS if step not in model_steps] + ["map"]
+    return REPORT_STEPS
+
+
 def get_report_inputs(wildcards):
     name = wildcards.dataset
-    return {
+    inputs = {
         "metrics": f"results/{name}/metrics.tsv",
         "stats": f"results/{name}/stats/normalize.json",
         "confounding": f"results/{name}/confounding.json",
@@ -284,10 +402,31 @@ def get_report_inputs(wildcards):
         "results": [f"results/{name}/integrated/{m}.h5ad" for m in methods()],
         "benchmarks": [path for _, path in report_benchmarks(name)],
     }
+    if name in MODEL_SOURCES:
+        # Mapped: the training curves are the model's; its attention maps were drawn
+        # on other data, so the report has none.
+        del inputs["attention"]
+        kind, where = MODEL_SOURCES[name]
+        inputs["history"] = f"results/{where}/model/history.tsv"
+        if kind == "folder":
+            history = Path(where, "history.tsv")
+            inputs["history"] = sheet_path(str(history)) if history.is_file() else []
+        inputs["mapping"] = f"results/{name}/mapping.json"
+    return inputs
+
+
+def get_report_model_args(wildcards, input):
+    """--history, --attention and --mapping, for the inputs this dataset's report has."""
+    flags = {"history": "--history", "attention": "--attention", "mapping": "--mapping"}
+    return " ".join(
+        f"{flag} {shlex.quote(input.get(key))}"
+        for key, flag in flags.items()
+        if input.get(key)
+    )
 
 
 def report_benchmarks(name):
-    steps = [(step, f"benchmarks/out/{name}/{step}.tsv") for step in REPORT_STEPS]
+    steps = [(step, f"benchmarks/out/{name}/{step}.tsv") for step in report_steps(name)]
     steps += [
         (f"baseline_{m}", f"benchmarks/out/{name}/baseline_{m}.tsv") for m in BASELINES
     ]

@@ -6,6 +6,9 @@ rule train:
         matrix="results/{dataset}/ordered.parquet",
         loci="results/{dataset}/loci.parquet",
         samples="results/{dataset}/samples.tsv",
+        # How the data were normalized, recorded in the model so that `map` prepares new
+        # data the same way.
+        stats="results/{dataset}/stats/normalize.json",
     output:
         weights="results/{dataset}/model/model.pt",
         config="results/{dataset}/model/model.json",
@@ -14,6 +17,8 @@ rule train:
         "logs/{dataset}/train.log",
     benchmark:
         "benchmarks/out/{dataset}/train.tsv"
+    wildcard_constraints:
+        dataset=TRAINED_PATTERN,
     conda:
         "../envs/torch.yaml"
     threads: TRAIN_RESOURCES["threads"]
@@ -32,12 +37,14 @@ rule train:
         # retry or rerun must find the checkpoint to continue where training stopped.
         checkpoint=get_checkpoint,
         launcher=get_train_launcher,
+        protect=get_train_protect_arg(),
     shell:
         "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}} OMP_NUM_THREADS={threads}"
         " {params.launcher} train"
         " --matrix {input.matrix:q}"
         " --loci {input.loci:q} --samples {input.samples:q} --batch-key {params.batch_key}"
         " --params {params.train_params} --seed {params.seed} --device {params.device}"
+        " {params.protect} --normalize-stats {input.stats:q}"
         " --checkpoint {params.checkpoint:q} --out-weights {output.weights:q}"
         " --out-config {output.config:q} --out-history {output.history:q} 2> {log:q}"
 
@@ -56,6 +63,8 @@ rule correct:
         "logs/{dataset}/correct.log",
     benchmark:
         "benchmarks/out/{dataset}/correct.tsv"
+    wildcard_constraints:
+        dataset=TRAINED_PATTERN,
     conda:
         "../envs/torch.yaml"
     threads: 2
@@ -75,3 +84,42 @@ rule correct:
         " --reference {params.reference} {params.residual} --chunk-size {params.chunk_size}"
         " --device {params.device} --out-corrected {output.corrected:q}"
         " --out-latent {output.latent:q} --out-h5ad {output.h5ad:q} 2> {log:q}"
+
+
+# A dataset whose row names a model (another dataset or a folder) is mapped onto it:
+# correct's outputs, where correct writes them, and what the mapping did.
+rule map:
+    input:
+        unpack(get_model_files),
+        expression=get_expression,
+        samples="results/{dataset}/samples.tsv",
+    output:
+        corrected="results/{dataset}/corrected.parquet",
+        latent="results/{dataset}/latent.parquet",
+        h5ad="results/{dataset}/locusformer.h5ad",
+        report="results/{dataset}/mapping.json",
+    log:
+        "logs/{dataset}/map.log",
+    benchmark:
+        "benchmarks/out/{dataset}/map.tsv"
+    wildcard_constraints:
+        dataset=MAPPED_PATTERN,
+    conda:
+        "../envs/map.yaml"
+    threads: 2
+    resources:
+        mem_mb=lambda wildcards, attempt: 4000 * attempt,
+    params:
+        args=get_map_args,
+        reference=shlex.quote(config["correct"]["reference"]),
+        adapt_epochs=config["map"]["adapt_epochs"],
+        seed=SEED,
+        device=config["device"],
+    shell:
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}} OMP_NUM_THREADS={threads}"
+        " python -m locusformer map --weights {input.weights:q} --config {input.config:q}"
+        " --expression {input.expression:q} --samples {input.samples:q} {params.args}"
+        " --reference {params.reference} --adapt-epochs {params.adapt_epochs}"
+        " --seed {params.seed} --device {params.device}"
+        " --out-corrected {output.corrected:q} --out-latent {output.latent:q}"
+        " --out-h5ad {output.h5ad:q} --out-report {output.report:q} 2> {log:q}"

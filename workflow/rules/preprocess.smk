@@ -14,6 +14,7 @@ rule normalize:
     conda:
         "../envs/preprocess.yaml"
     params:
+        samples=get_samples_arg,
         args=get_normalize_args,
         target_sum=config["normalize"]["target_sum"],
         min_samples=config["normalize"]["min_samples"],
@@ -22,7 +23,7 @@ rule normalize:
         seed=SEED,
     shell:
         "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}}"
-        " python -m locusformer normalize --expression {input.expression:q} --samples {input.samples:q}"
+        " python -m locusformer normalize --expression {input.expression:q} {params.samples}"
         " {params.args} --target-sum {params.target_sum} --min-samples {params.min_samples}"
         " --n-top-genes {params.n_top_genes} --hvg-max-samples {params.hvg_max_samples}"
         " --seed {params.seed} --out-matrix {output.matrix:q}"

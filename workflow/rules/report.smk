@@ -79,6 +79,7 @@ rule report:
         "../envs/report.yaml"
     params:
         results=get_report_results,
+        model=get_report_model_args,
         benchmarks=get_report_benchmarks,
         batch_key=get_batch_key,
         label=get_label_arg,
@@ -87,8 +88,8 @@ rule report:
     shell:
         "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}}"
         " python -m locusformer report --dataset {wildcards.dataset} --metrics {input.metrics:q}"
-        " --stats {input.stats:q} --loci {input.loci:q} --history {input.history:q}"
-        " --attention {input.attention:q} --confounding {input.confounding:q}"
+        " --stats {input.stats:q} --loci {input.loci:q} {params.model}"
+        " --confounding {input.confounding:q}"
         " {params.results} {params.benchmarks}"
         " --config {params.run_config} --seed {params.seed} --batch-key {params.batch_key}"
         " {params.label} --figures {output.figures:q} --out {output.html:q} 2> {log:q}"
