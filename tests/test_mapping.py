@@ -191,3 +191,28 @@ def test_an_h5ad_query_maps_without_a_sheet_its_obs_giving_the_batches(trained, 
     record = json.loads(report.read_text())
     assert record["new_batches"] == ["b2"] and record["model"]["name"] == "reference"
     assert record["samples"] == len(ids)
+
+
+def test_a_query_of_one_new_run_maps(trained, tmp_path):
+    import json
+
+    from locusformer.checkpoint import save_model
+    from locusformer.cli import main
+
+    sim, labels, model = trained
+    model.record.normalization = {"value_type": "log_expression", "target_sum": 1e4}
+    save_model(model, tmp_path / "m.pt", tmp_path / "m.json")
+    run = labels == "b2"
+    ids = [f"r{i}" for i in range(int(run.sum()))]
+    pd.DataFrame(sim.X[run], index=ids, columns=model.gene_ids).T.to_csv(tmp_path / "run.csv")
+    pd.DataFrame({"sample_id": ids, "batch": "run7"}).to_csv(
+        tmp_path / "run.tsv", sep="\t", index=False
+    )
+    args = [
+        "map", "--weights", str(tmp_path / "m.pt"), "--config", str(tmp_path / "m.json"),
+        "--expression", str(tmp_path / "run.csv"), "--samples", str(tmp_path / "run.tsv"),
+        "--batch-key", "batch", "--out-corrected", str(tmp_path / "c.parquet"),
+        "--out-latent", str(tmp_path / "z.parquet"), "--out-report", str(tmp_path / "r.json"),
+    ]  # fmt: skip
+    assert main(args) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["new_batches"] == ["run7"]

@@ -23,6 +23,7 @@ other batch holds gets its own batch as target, so the adversary leaves it alone
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ from locusformer.errors import InputError
 
 #: Neighbours searched in each other batch; fastMNN's default.
 MNN_K = 20
+#: Largest share of a batch that k may be (small batches get a smaller k).
+MNN_SMALL_SHARE = 0.2
 #: Principal components the neighbours are found in.
 MNN_PCS = 50
 #: Samples of a batch searched at most; larger batches are subsampled (seeded) and the
@@ -113,8 +116,11 @@ def shared_batches(
             if b <= a:
                 continue
             ia, ib = searched[a], searched[b]
-            a_in_b = _knn(scores[ib], scores[ia], k)  # (|a|, k) positions in ib
-            b_in_a = _knn(scores[ia], scores[ib], k)  # (|b|, k) positions in ia
+            # In small batches k neighbours would be most of the other batch, and every
+            # pair mutual: k shrinks to a fifth of the smaller batch there.
+            kk = max(1, min(k, math.ceil(MNN_SMALL_SHARE * min(len(ia), len(ib)))))
+            a_in_b = _knn(scores[ib], scores[ia], kk)  # (|a|, kk) positions in ib
+            b_in_a = _knn(scores[ia], scores[ib], kk)  # (|b|, kk) positions in ia
             # i (position p in ia) and j (position q in ib) are mutual when q is among
             # p's neighbours in b and p among q's neighbours in a.
             back = np.repeat(np.arange(len(ib)), b_in_a.shape[1]) * len(ia) + b_in_a.ravel()
@@ -129,7 +135,8 @@ def shared_batches(
         # takes the share of its own batch's neighbourhood that has a partner in b.
         for a in present:
             ia = searched[a]
-            near = _knn(scores[ia], scores[ia], k)  # (|a|, k), itself included
+            kk = max(1, min(k, math.ceil(MNN_SMALL_SHARE * len(ia))))
+            near = _knn(scores[ia], scores[ia], kk)  # (|a|, kk), itself included
             out[ia] = out[ia][near].mean(axis=1) >= SMOOTH_SHARE
             out[ia, a] = True
     for b in present:  # samples left out of the search take their nearest searched one's

@@ -193,6 +193,10 @@ class TrainConfig:
     # take more (large data), fewer epochs run, and the ramp-up and patience shrink by the
     # same factor: convergence follows the number of updates, not of passes.
     max_steps: int = 2000
+    # The fewest optimizer steps a run takes. Sized in epochs alone, a bulk study of 50
+    # samples got 40 steps at batch size 64 (one a epoch) and a decoder that had not
+    # learned the biology yet; on small data more epochs run, the ramp-up scaled alike.
+    min_steps: int = 0
     warmup_fraction: float = 0.05  # of all steps, then cosine decay to 0
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
     val_fraction: float = 0.1  # held out, stratified by batch; 0 disables validation
@@ -231,6 +235,7 @@ class TrainConfig:
             "batch_size": lambda v: v >= 1,
             "max_epochs": lambda v: v >= 1,
             "max_steps": lambda v: v >= 1,
+            "min_steps": lambda v: v >= 0,
             "warmup_fraction": lambda v: 0 <= v < 1,
             "grad_clip": lambda v: v >= 0,
             "val_fraction": lambda v: 0 <= v < 1,

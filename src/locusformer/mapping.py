@@ -287,7 +287,7 @@ def prepare_query(
         sheet, sheet_path = read_samples(expression_path, samples_path, sample_column)
         obs = sample_table(
             source.obs_names, source.var_names, sheet, batch_key, label_key,
-            matrix_path=str(expression_path), sheet_path=sheet_path,
+            matrix_path=str(expression_path), sheet_path=sheet_path, min_batches=1,
         )  # fmt: skip
         plan = plan_normalization(source, obs, value_type, batch_key, params)
         genes = source.var_names[plan.genes]

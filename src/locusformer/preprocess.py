@@ -77,8 +77,12 @@ def sample_table(
     *,
     matrix_path: str,
     sheet_path: str,
+    min_batches: int = 2,
 ) -> pd.DataFrame:
     """The sheet's rows for the matrix's samples, in the matrix's order, checked.
+
+    A dataset to correct needs ``min_batches`` = 2 batches; a query mapped onto a trained
+    model may be one run (1).
 
     The batch (and label) columns must exist and every sample must have a value; both
     sides must list the same samples; a transposed matrix is refused. Only the ids of the
@@ -112,9 +116,10 @@ def sample_table(
             if empty:
                 raise InputError(sheet_path, f"empty {key!r} for sample(s) {_listing(empty)}")
     batches = obs[batch_key].value_counts()
-    if len(batches) < 2:
+    if len(batches) < min_batches:
         raise InputError(
-            sheet_path, f"column {batch_key!r} has {len(batches)} batch; at least 2 are needed"
+            sheet_path,
+            f"column {batch_key!r} has {len(batches)} batch; at least {min_batches} are needed",
         )
     lonely = batches.index[batches == 1].tolist()
     if lonely:

@@ -31,11 +31,13 @@ def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]
 def epoch_plan(n_train: int, config: TrainConfig) -> tuple[int, float]:
     """Epochs to run on ``n_train`` samples, and the factor on epoch-counted settings.
 
-    ``max_epochs``, unless that takes more than ``max_steps`` optimizer steps; then the
-    fewest whole epochs that reach ``max_steps``.
+    ``max_epochs``, unless that takes more than ``max_steps`` optimizer steps (then the
+    fewest whole epochs that reach ``max_steps``) or fewer than ``min_steps`` (small data:
+    then the fewest whole epochs that reach ``min_steps``).
     """
     steps_per_epoch = math.ceil(n_train / config.batch_size)
     epochs = min(config.max_epochs, max(1, math.ceil(config.max_steps / steps_per_epoch)))
+    epochs = max(epochs, math.ceil(config.min_steps / steps_per_epoch))
     return epochs, epochs / config.max_epochs
 
 
