@@ -1,0 +1,165 @@
+"""AnnData in and out: the Python face of the functions the workflow's rules call.
+
+    import locusformer as lf
+
+    model = lf.fit(adata, batch_key="batch", annotation=genes)   # adata.X: log-expression
+    corrected = lf.map(adata, model)      # layers["corrected"], obsm["X_locusformer"]
+    mapped = lf.map(new_adata, model, adapt_epochs=50)             # new batches too
+    lf.save(model, "ref/")  and  lf.load("ref/")
+
+(``locusformer.api.correct`` is ``map`` under its other name; the package's own
+``locusformer.correct`` is the module of the correction step.)
+
+The shape follows scvi-tools' models (a trained object with save and load; the corrected
+values under a named layer, the latent in ``obsm``), kept thin: each call is the library
+function the rule calls, on the matrix in memory. Genes are ordered along the genome
+from ``annotation`` (as the ``order-loci`` step does), or from ``chrom`` and ``start``
+columns that ``adata.var`` already holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from locusformer.errors import InputError
+
+if TYPE_CHECKING:
+    import anndata as ad
+
+    from locusformer.checkpoint import TrainedModel
+
+LAYER = "corrected"
+LATENT_KEY = "X_locusformer"
+
+
+def _matrix(adata: ad.AnnData, layer: str | None) -> np.ndarray:
+    from scipy import sparse
+
+    values = adata.X if layer is None else adata.layers[layer]
+    values = values.toarray() if sparse.issparse(values) else np.asarray(values)
+    return np.ascontiguousarray(values, dtype=np.float32)
+
+
+def _loci(adata: ad.AnnData, annotation: pd.DataFrame | None, id_type: str) -> pd.DataFrame:
+    from locusformer.loci import order_loci
+
+    if annotation is None:
+        if not {"chrom", "start"} <= set(adata.var.columns):
+            raise InputError(
+                "adata.var", "needs chrom and start columns, or pass annotation= (gene_id, "
+                "chrom, start, end)",
+            )  # fmt: skip
+        annotation = adata.var[["chrom", "start"]].assign(
+            gene_id=adata.var_names.astype(str), end=adata.var["start"]
+        )
+        id_type = "gene_id"
+    loci, _ = order_loci(adata.var_names.astype(str), annotation, id_type)
+    return loci
+
+
+def fit(
+    adata: ad.AnnData,
+    batch_key: str,
+    *,
+    annotation: pd.DataFrame | None = None,
+    id_type: str = "ensembl_id",
+    layer: str | None = None,
+    protect: Sequence[str] = (),
+    model: Mapping[str, Any] | None = None,
+    training: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    device: str = "auto",
+) -> TrainedModel:
+    """Train a corrector on ``adata`` (samples x genes log-expression in ``X`` or ``layer``).
+
+    ``protect`` names ``obs`` columns of biology to keep; ``model`` and ``training`` are
+    the config's overrides. Returns the trained model (with its loci in genomic order).
+    """
+    from locusformer.alignment import covariate_levels
+    from locusformer.train import train_corrector
+
+    if batch_key not in adata.obs.columns:
+        raise InputError("adata.obs", f"no batch column {batch_key!r}")
+    loci = _loci(adata, annotation, id_type)
+    X = _matrix(adata, layer)[:, adata.var_names.get_indexer(loci["gene_id"])]
+    obs = adata.obs.astype(str)
+    levels = covariate_levels(obs, list(protect), "adata.obs") if protect else None
+    trained, _ = train_corrector(
+        X, obs[batch_key].tolist(), loci, model, training, seed=seed, device=device,
+        progress=False, covariates=levels,
+    )  # fmt: skip
+    trained.record.protect = list(protect)
+    return trained
+
+
+def correct(
+    adata: ad.AnnData,
+    model: TrainedModel,
+    batch_key: str | None = None,
+    *,
+    layer: str | None = None,
+    reference: str = "mean",
+    adapt_epochs: int = 0,
+    seed: int = 0,
+    device: str = "auto",
+) -> ad.AnnData:
+    """A copy of ``adata`` over the model's loci with ``layers["corrected"]`` and
+    ``obsm["X_locusformer"]``; batches the model never saw are mapped (see :func:`map`).
+
+    ``batch_key`` defaults to the ``obs`` column holding the model's batch names.
+    """
+    from locusformer.correct import _uns
+    from locusformer.mapping import align_genes, map_query
+
+    batch_key = batch_key or _batch_column(adata, model)
+    frame = pd.DataFrame(_matrix(adata, layer), index=adata.obs_names, columns=adata.var_names)
+    X, match = align_genes(frame, model, "adata")
+    result = map_query(
+        model, X, adata.obs[batch_key].astype(str).tolist(), reference=reference,
+        adapt_epochs=adapt_epochs, seed=seed, device=device,
+    )  # fmt: skip
+    import anndata as ad
+
+    var = model.loci.set_index("gene_id") if model.loci is not None else None
+    out = ad.AnnData(X=X, obs=adata.obs.copy(), var=var)
+    out.layers[LAYER] = result.corrected
+    out.obsm[LATENT_KEY] = result.latent
+    out.uns["locusformer"] = {
+        **_uns(model),
+        "mapping": {"new_batches": result.new_batches, "adapted": result.adapted},
+        "genes": match.to_dict(),
+    }
+    return out
+
+
+#: A query onto a trained model is the same call: known batches corrected, new ones mapped.
+map = correct
+
+
+def _batch_column(adata: ad.AnnData, model: TrainedModel) -> str:
+    for column in adata.obs.columns:
+        if set(adata.obs[column].astype(str)) & set(model.batch_names):
+            return str(column)
+    raise InputError("adata.obs", "no column holds the model's batch names; pass batch_key=")
+
+
+def load(directory: str | Path) -> TrainedModel:
+    """A model that :meth:`save` (or the workflow's train rule) wrote to ``directory``."""
+    from locusformer.checkpoint import load_model
+
+    directory = Path(directory)
+    return load_model(directory / "model.pt", directory / "model.json")
+
+
+def save(model: TrainedModel, directory: str | Path) -> None:
+    """Write ``model.pt`` and ``model.json`` into ``directory``, as the train rule does."""
+    from locusformer.checkpoint import save_model
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_model(model, directory / "model.pt", directory / "model.json")
