@@ -14,6 +14,18 @@ RESOURCES = ROOT / "resources"
 ANNOTATION = RESOURCES / "hs_gene_coordinates.tsv.gz"
 
 
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test, restored after. Tiny models gain nothing from
+    threads, and on a busy 2-core machine two OpenMP threads spin against each other."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def annotation_table() -> pd.DataFrame:
     return pd.read_csv(ANNOTATION, sep="\t", dtype=str, keep_default_na=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import anndata as ad
@@ -28,12 +27,7 @@ TRAIN = dict(max_epochs=80, batch_size=16, adversary_rampup_epochs=20, patience=
 NOISE = 0.5  # simulate()'s default noise standard deviation
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def probe(features: np.ndarray, labels: np.ndarray) -> float:

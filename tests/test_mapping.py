@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -19,12 +17,7 @@ MODEL = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=6, deco
 TRAIN = dict(max_epochs=6, batch_size=16, adversary_rampup_epochs=2)
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

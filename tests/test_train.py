@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -40,14 +39,7 @@ MODEL = dict(
 TRAIN = dict(max_epochs=3, batch_size=16, adversary_rampup_epochs=2)
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    # Tiny models gain nothing from threads, and a busy 2-core machine makes two
-    # OpenMP threads spin against each other.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
