@@ -88,13 +88,9 @@ def label_baselines() -> list[str]:
 
 
 # Label-using runs are a variant of their own, so that their rows (methods that saw the
-# labels) are tabled apart from the label-free ones and never ranked with them.
-# TODO(issue 18): the library has combat_mod (baselines.run_method(..., covariates=...),
-# whose errors name a config key `protect`), but the workflow's config schema
-# (workflow/schemas/config.schema.yaml) has no `protect` key and its baselines no
-# `combat_mod` yet; once both are there this registers "protected_cell_line" by itself
-# (inprocess.py then passes the same columns as run_method's covariates). Check then that
-# `protect` is the sample-sheet column(s) to keep, as protect_config assumes.
+# labels: combat_mod, and LocusFormer trained with protect) are tabled apart from the
+# label-free ones and never ranked with them. protect_config reads the schema's protect
+# key (the sample-sheet columns to keep).
 VARIANT_BASELINES: dict[str, list[str]] = {"default": BASELINES}
 if (_protect := protect_config()) is not None and label_baselines():
     VARIANTS["protected_cell_line"] = _protect
