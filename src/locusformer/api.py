@@ -113,7 +113,7 @@ def correct(
 
     ``batch_key`` defaults to the ``obs`` column holding the model's batch names.
     """
-    from locusformer.correct import _uns
+    from locusformer.correct import model_uns
     from locusformer.mapping import align_genes, map_query
 
     batch_key = batch_key or _batch_column(adata, model)
@@ -130,7 +130,7 @@ def correct(
     out.layers[LAYER] = result.corrected
     out.obsm[LATENT_KEY] = result.latent
     out.uns["locusformer"] = {
-        **_uns(model),
+        **model_uns(model),
         "mapping": {"new_batches": result.new_batches, "adapted": result.adapted},
         "genes": match.to_dict(),
     }

@@ -51,10 +51,14 @@ def batch_codes(model: TrainedModel, batch_labels: Sequence[Any]) -> np.ndarray:
     return np.array([index[b] for b in labels], dtype=np.int64)
 
 
-def _check_reference(model: TrainedModel, reference: str) -> None:
-    if reference != "mean" and reference not in model.batch_names:
+def reference_code(model: TrainedModel, reference: str) -> int | None:
+    """The network's code of batch ``reference``, None for "mean"; InputError otherwise."""
+    if reference == "mean":
+        return None
+    if reference not in model.batch_names:
         valid = ", ".join(["mean", *model.batch_names])
         raise InputError("reference", f"unknown batch {reference!r} (valid: {valid})")
+    return model.batch_names.index(reference)
 
 
 def _prepare(
@@ -104,12 +108,11 @@ def iter_correct(
     chunks are yielded in order and give the same numbers either way.
     """
     X, codes = _prepare(model, X, batch_labels)
-    _check_reference(model, reference)
+    ref_code = reference_code(model, reference)
     if chunk_size < 1:
         raise InputError("chunk_size", f"must be >= 1, got {chunk_size}")
     dev = resolve_device(device)
     net = model.module
-    ref_code = None if reference == "mean" else model.batch_names.index(reference)
     was_training = net.training
     net.eval().to(dev)
 
@@ -353,7 +356,7 @@ def run_correct(
     """
     _fewer_malloc_arenas()  # before any of its threads start
     model = load_model(weights_path, config_path)
-    _check_reference(model, reference)
+    reference_code(model, reference)  # refused before anything is read
     if chunk_size < 1:
         raise InputError("chunk_size", f"must be >= 1, got {chunk_size}")
     sample_ids, genes = _matching_ids(ordered_path, model)
@@ -446,8 +449,12 @@ def _open_outputs(
     corrected_out: str | os.PathLike,
     latent_out: str | os.PathLike,
     h5ad_out: str | os.PathLike | None,
+    uns: dict[str, Any] | None = None,
 ) -> list[Callable[..., None]]:
-    """Writers of correct's outputs, each ``write(rows, ids, X, corrected, latent)``."""
+    """Writers of correct's outputs, each ``write(rows, ids, X, corrected, latent)``.
+
+    ``uns`` is the .h5ad's ``uns["locusformer"]``; by default, :func:`model_uns`.
+    """
     latent_cols = pd.Index([f"latent_{i}" for i in range(model.config.latent_dim)])
     corrected = outputs.enter_context(matrix_parquet_writer(corrected_out, genes))
     latent = outputs.enter_context(matrix_parquet_writer(latent_out, latent_cols))
@@ -464,14 +471,14 @@ def _open_outputs(
                 genes,
                 loci,
                 model.config.latent_dim,
-                {"locusformer": _uns(model)},
+                {"locusformer": uns if uns is not None else model_uns(model)},
             )
         )
         writers.append(lambda rows, ids, X, c, z: h5ad(rows, X, c, z))
     return writers
 
 
-def _uns(model: TrainedModel) -> dict[str, Any]:
+def model_uns(model: TrainedModel) -> dict[str, Any]:
     """What the .h5ad says of the model that corrected it (``uns["locusformer"]``)."""
     record = model.record
     uns: dict[str, Any] = {
@@ -486,7 +493,7 @@ def _uns(model: TrainedModel) -> dict[str, Any]:
 
 def mapping_uns(model: TrainedModel, report: dict[str, Any]) -> dict[str, Any]:
     """``uns["locusformer"]`` of a mapped query: the model's, and what the mapping did."""
-    uns = _uns(model)
+    uns = model_uns(model)
     uns["mapping"] = {
         "new_batches": list(report["new_batches"]),
         "adapted": bool(report["adapted"]),

@@ -123,7 +123,11 @@ class StandardizedRows:
         return self.shape[0]
 
     def __getitem__(self, index: Any) -> np.ndarray:
-        idx = np.arange(self.shape[0])[index]
+        # A slice (PCA's blocks) names its rows without an index of every sample.
+        if isinstance(index, slice):
+            idx = np.arange(*index.indices(self.shape[0]))
+        else:
+            idx = np.asarray(index)
         return self._rows.index_select(0, torch.from_numpy(np.atleast_1d(idx))).numpy()
 
 

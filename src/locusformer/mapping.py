@@ -13,6 +13,7 @@ scvi-tools' ``load_query_data`` freezes the reference the same way).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 
 from locusformer import atomic
 from locusformer.checkpoint import TrainedModel
-from locusformer.correct import CHUNK_SIZE, correct
+from locusformer.correct import CHUNK_SIZE, correct, reference_code
 from locusformer.errors import InputError, TrainingDivergedError
 from locusformer.losses import confusion_loss
 from locusformer.model import BatchAdapter, LocusFormer
@@ -141,9 +142,7 @@ def map_query(
     labels = np.array([str(b) for b in batch_labels], dtype=object)
     if len(labels) != len(X):
         raise InputError("batch labels", f"{len(labels)} labels for {len(X)} samples")
-    if reference != "mean" and reference not in model.batch_names:
-        valid = ", ".join(["mean", *model.batch_names])
-        raise InputError("reference", f"unknown batch {reference!r} (valid: {valid})")
+    ref_code = reference_code(model, reference)
     if adapt_epochs < 0:
         raise InputError("adapt_epochs", f"must be >= 0, got {adapt_epochs}")
     X = np.ascontiguousarray(X, dtype=np.float32)
@@ -165,15 +164,11 @@ def map_query(
         adapter = BatchAdapter(len(new_batches), model.n_loci).to(dev)
         if adapt_epochs:
             history = _adapt(net, adapter, X[~known], codes, adapt_epochs, lr, batch_size, seed)
-        c, z = _decode_new(net, adapter, X[~known], codes, reference, model, chunk_size, dev)
+        c, z = _decode_new(net, adapter, X[~known], codes, ref_code, chunk_size, dev)
         corrected[~known], latent[~known] = c, z
     return MappingResult(
         corrected, latent, new_batches, bool(adapt_epochs and new_batches), history
     )
-
-
-def _reference_code(model: TrainedModel, reference: str) -> int | None:
-    return None if reference == "mean" else model.batch_names.index(reference)
 
 
 @torch.inference_mode()
@@ -182,12 +177,10 @@ def _decode_new(
     adapter: BatchAdapter,
     X: np.ndarray,
     codes: np.ndarray,
-    reference: str,
-    model: TrainedModel,
+    ref_code: int | None,
     chunk_size: int,
     dev: torch.device,
 ) -> tuple[np.ndarray, np.ndarray]:
-    ref_code = _reference_code(model, reference)
     out_c, out_z = [], []
     for start in range(0, len(X), chunk_size):
         x = torch.from_numpy(X[start : start + chunk_size]).to(dev)
@@ -326,8 +319,7 @@ def run_map(
     first output is written. The query is held in memory (a model's loci x samples).
     """
     from locusformer.checkpoint import load_model
-    from locusformer.correct import h5ad_writer, mapping_uns
-    from locusformer.parquet import matrix_parquet_writer
+    from locusformer.correct import _open_outputs, mapping_uns
 
     model = load_model(weights_path, config_path)
     frame, samples = prepare_query(
@@ -358,16 +350,12 @@ def run_map(
         "samples": len(ids),
         "adaptation_history": result.history,
     }
-    latent_cols = pd.Index([f"latent_{i}" for i in range(result.latent.shape[1])])
-    with matrix_parquet_writer(corrected_out, genes) as write:
-        write(result.corrected, ids)
-    with matrix_parquet_writer(latent_out, latent_cols) as write:
-        write(result.latent, ids)
-    if h5ad_out is not None:
-        uns = {"locusformer": mapping_uns(model, report)}
-        with h5ad_writer(
-            h5ad_out, samples, genes, model.loci, result.latent.shape[1], uns
-        ) as write:
-            write(slice(0, len(ids)), X, result.corrected, result.latent)
+    with contextlib.ExitStack() as outputs:  # correct's writers, one block of all rows
+        writers = _open_outputs(
+            outputs, model, samples, genes, corrected_out, latent_out, h5ad_out,
+            mapping_uns(model, report),
+        )  # fmt: skip
+        for write in writers:
+            write(slice(0, len(ids)), ids, X, result.corrected, result.latent)
     atomic.write_text(report_out, json.dumps(report, indent=2) + "\n")
     return result
