@@ -3,18 +3,20 @@
     import locusformer as lf
 
     model = lf.fit(adata, batch_key="batch", annotation=genes)   # adata.X: log-expression
+    model.get_latent_representation()            # (n, Z): the training AnnData's latent
+    model.get_normalized_expression(new, transform_batch="plate1")  # decoded as plate1
     corrected = lf.map(adata, model)      # layers["corrected"], obsm["X_locusformer"]
     mapped = lf.map(new_adata, model, adapt_epochs=50)             # new batches too
-    lf.save(model, "ref/")  and  lf.load("ref/")
+    model.save("ref/")  and  Model.load("ref/")  (or lf.save(model, "ref/"), lf.load("ref/"))
 
 (``locusformer.api.correct`` is ``map`` under its other name; the package's own
 ``locusformer.correct`` is the module of the correction step.)
 
-The shape follows scvi-tools' models (a trained object with save and load; the corrected
-values under a named layer, the latent in ``obsm``), kept thin: each call is the library
-function the rule calls, on the matrix in memory. Genes are ordered along the genome
-from ``annotation`` (as the ``order-loci`` step does), or from ``chrom`` and ``start``
-columns that ``adata.var`` already holds.
+The shape follows scvi-tools' models (a trained object with save and load, its latent
+and its decoded expression; the corrected values under a named layer, the latent in
+``obsm``), kept thin: each call is the library function the rule calls, on the matrix in
+memory. Genes are ordered along the genome from ``annotation`` (as the ``order-loci``
+step does), or from ``chrom`` and ``start`` columns that ``adata.var`` already holds.
 """
 
 from __future__ import annotations
@@ -26,15 +28,122 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from locusformer.checkpoint import TrainedModel
 from locusformer.errors import InputError
 
 if TYPE_CHECKING:
     import anndata as ad
 
-    from locusformer.checkpoint import TrainedModel
-
 LAYER = "corrected"
 LATENT_KEY = "X_locusformer"
+
+
+class Model(TrainedModel):
+    """A trained corrector with scvi-tools' methods; every library function takes it.
+
+    ``adata``, ``batch_key`` and ``layer`` are what :func:`fit` was given (None after
+    :meth:`load` unless passed there): the methods' defaults, as scvi-tools' models keep
+    the AnnData they were set up with. They are not saved with the model.
+    """
+
+    adata: ad.AnnData | None = None
+    batch_key: str | None = None
+    layer: str | None = None
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace("TrainedModel(", "Model(", 1)
+
+    @classmethod
+    def of(
+        cls,
+        trained: TrainedModel,
+        adata: ad.AnnData | None = None,
+        batch_key: str | None = None,
+        layer: str | None = None,
+    ) -> Model:
+        """``trained``'s network and record (shared, not copied) as a :class:`Model`."""
+        model = cls(trained.module, trained.record)
+        model.adata, model.batch_key, model.layer = adata, batch_key, layer
+        return model
+
+    def _data(self, adata: ad.AnnData | None, layer: str | None) -> tuple[ad.AnnData, str | None]:
+        if adata is not None:
+            return adata, layer
+        if self.adata is None:
+            raise InputError("adata", "none given, and the model keeps none (it was loaded)")
+        return self.adata, layer if layer is not None else self.layer
+
+    def get_latent_representation(
+        self,
+        adata: ad.AnnData | None = None,
+        *,
+        batch_key: str | None = None,
+        layer: str | None = None,
+    ) -> np.ndarray:
+        """The batch-free latent (n, Z) float32 of ``adata``'s samples (default: the
+        AnnData :func:`fit` was given), as :func:`correct` writes it to ``obsm``.
+
+        The encoder never sees the batch, so samples of batches the model was not trained
+        on get their latent the same way (zero-shot).
+        """
+        adata, layer = self._data(adata, layer)
+        return correct(adata, self, batch_key, layer=layer).obsm[LATENT_KEY]
+
+    def get_normalized_expression(
+        self,
+        adata: ad.AnnData | None = None,
+        transform_batch: str | None = None,
+        *,
+        batch_key: str | None = None,
+        layer: str | None = None,
+        return_numpy: bool = False,
+    ) -> pd.DataFrame | np.ndarray:
+        """Every sample decoded as if it came from training batch ``transform_batch``.
+
+        Parameters
+        ----------
+        adata
+            Samples x genes log-expression (default: the AnnData :func:`fit` was given);
+            aligned to the model's loci as :func:`correct` does.
+        transform_batch
+            A batch the model was trained on, or None (or "mean") for the model's
+            reference, the average of all batch conditionings: then the values are
+            :func:`correct`'s ``layers["corrected"]``. Unlike scvi-tools, None does not mean
+            each sample's own batch, and a list of batches is not taken.
+        return_numpy
+            An (n, L) float32 array instead of a DataFrame (samples x the model's genes).
+
+        Returns
+        -------
+        Log-expression on the model's loci (LocusFormer decodes log-expression, not
+        scVI's per-gene frequencies).
+        """
+        from locusformer.correct import reference_code
+
+        reference = "mean" if transform_batch is None else str(transform_batch)
+        try:
+            reference_code(self, reference)
+        except InputError as err:
+            raise InputError("transform_batch", err.problem) from None
+        adata, layer = self._data(adata, layer)
+        out = correct(adata, self, batch_key, layer=layer, reference=reference)
+        values = out.layers[LAYER]
+        if return_numpy:
+            return values
+        return pd.DataFrame(values, index=out.obs_names, columns=out.var_names)
+
+    def save(self, directory: str | Path) -> None:
+        """Write ``model.pt`` and ``model.json`` into ``directory`` (see :func:`save`)."""
+        save(self, directory)
+
+    @classmethod
+    def load(cls, directory: str | Path, adata: ad.AnnData | None = None) -> Model:
+        """The model :meth:`save` (or the workflow's train rule) wrote to ``directory``;
+        ``adata`` becomes the methods' default data."""
+        from locusformer.checkpoint import load_model
+
+        directory = Path(directory)
+        return cls.of(load_model(directory / "model.pt", directory / "model.json"), adata)
 
 
 def _matrix(adata: ad.AnnData, layer: str | None) -> np.ndarray:
@@ -74,17 +183,20 @@ def fit(
     training: Mapping[str, Any] | None = None,
     seed: int = 0,
     device: str = "auto",
-) -> TrainedModel:
+) -> Model:
     """Train a corrector on ``adata`` (samples x genes log-expression in ``X`` or ``layer``).
 
     ``protect`` names ``obs`` columns of biology to keep; ``model`` and ``training`` are
-    the config's overrides. Returns the trained model (with its loci in genomic order).
+    the config's overrides. Returns the trained :class:`Model` (its loci in genomic
+    order), which keeps ``adata`` as its methods' default data.
     """
     from locusformer.alignment import covariate_levels
+    from locusformer.steps import refuse_protected_batch
     from locusformer.train import train_corrector
 
     if batch_key not in adata.obs.columns:
         raise InputError("adata.obs", f"no batch column {batch_key!r}")
+    refuse_protected_batch(protect, batch_key)
     loci = _loci(adata, annotation, id_type)
     X = _matrix(adata, layer)[:, adata.var_names.get_indexer(loci["gene_id"])]
     obs = adata.obs.astype(str)
@@ -94,7 +206,7 @@ def fit(
         progress=False, covariates=levels,
     )  # fmt: skip
     trained.record.protect = list(protect)
-    return trained
+    return Model.of(trained, adata, batch_key, layer)
 
 
 def correct(
@@ -111,7 +223,8 @@ def correct(
     """A copy of ``adata`` over the model's loci with ``layers["corrected"]`` and
     ``obsm["X_locusformer"]``; batches the model never saw are mapped (see :func:`map`).
 
-    ``batch_key`` defaults to the ``obs`` column holding the model's batch names.
+    ``batch_key`` defaults to the one :func:`fit` was given, when ``adata.obs`` has it,
+    else to the ``obs`` column holding the model's batch names.
     """
     from locusformer.correct import model_uns
     from locusformer.mapping import align_genes, map_query
@@ -142,18 +255,18 @@ map = correct
 
 
 def _batch_column(adata: ad.AnnData, model: TrainedModel) -> str:
+    known = getattr(model, "batch_key", None)
+    if known is not None and known in adata.obs.columns:
+        return known
     for column in adata.obs.columns:
         if set(adata.obs[column].astype(str)) & set(model.batch_names):
             return str(column)
     raise InputError("adata.obs", "no column holds the model's batch names; pass batch_key=")
 
 
-def load(directory: str | Path) -> TrainedModel:
-    """A model that :meth:`save` (or the workflow's train rule) wrote to ``directory``."""
-    from locusformer.checkpoint import load_model
-
-    directory = Path(directory)
-    return load_model(directory / "model.pt", directory / "model.json")
+def load(directory: str | Path) -> Model:
+    """A model that :func:`save` (or the workflow's train rule) wrote to ``directory``."""
+    return Model.load(directory)
 
 
 def save(model: TrainedModel, directory: str | Path) -> None:
