@@ -22,6 +22,13 @@ from locusformer.errors import InputError
 from locusformer.train import train_corrector
 
 
+def refuse_protected_batch(protect: Sequence[str], batch_key: str) -> None:
+    """An InputError when ``protect`` names the batch column: batch would be removed only
+    within batch levels, that is, not at all (the baselines refuse it the same way)."""
+    if batch_key in protect:
+        raise InputError("protect", f"{batch_key!r} is the batch column; it cannot be protected")
+
+
 def run_train(
     ordered_path: str | os.PathLike,
     loci_path: str | os.PathLike,
@@ -48,6 +55,7 @@ def run_train(
     their levels; see :mod:`locusformer.alignment`); they are recorded in the model. The
     mean attention map of the saved model is :func:`locusformer.correct.run_attention`'s.
     """
+    refuse_protected_batch(protect, batch_key)
     model_config, train_config = split_params(params)
     train_config.validate()
     scratch = Path(checkpoint_path if checkpoint_path is not None else weights_out).parent
