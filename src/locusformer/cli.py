@@ -214,6 +214,22 @@ def _attention(args: argparse.Namespace) -> None:
     )
 
 
+@_command("inspect")
+def _inspect(args: argparse.Namespace) -> None:
+    from .atomic import write_text
+    from .trace import run_inspect
+
+    text = run_inspect(
+        args.model, args.matrix, args.samples, n_samples=args.n_samples,
+        sample_column=args.sample_column, device=args.device, as_json=args.json,
+        naive=args.naive_rows,
+    )  # fmt: skip
+    if args.out:
+        write_text(args.out, text)
+    else:
+        sys.stdout.write(text)
+
+
 # -- scoring and reports -------------------------------------------------------------------
 
 

@@ -177,6 +177,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto")
     p.add_argument("--out", required=True)
 
+    p = commands.add_parser(
+        "inspect",
+        help="trace a trained model's attention step by step (shapes, ranges, non-finite)",
+        description="Per layer and head: Q, K, V, the scores before and after scaling, "
+        "the softmax (row sums, entropy), the first non-finite step, and where a softmax "
+        "without the row max subtracted would overflow; in float32 and bfloat16 (on the "
+        "CPU simulated by casting), with the largest difference between them.",
+    )
+    p.add_argument("--model", required=True, help="folder of a trained model (model.pt, .json)")
+    p.add_argument("--matrix", required=True, help="ordered.parquet: the model's genes, in order")
+    p.add_argument(
+        "--samples", default=None,
+        help="sample sheet: trace its first --n-samples samples (default: the matrix's first rows)",
+    )  # fmt: skip
+    p.add_argument("--sample-column", default=None, help="sample id column of the sheet")
+    p.add_argument("--n-samples", type=int, default=4)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--json", action="store_true", help="JSON for machines instead of text")
+    p.add_argument("--naive-rows", action="store_true", help="list the naive softmax's steps too")
+    p.add_argument("--out", default=None, help="write the trace here (default: stdout)")
+
     p = commands.add_parser("baseline", help="run an established method on the data")
     # baselines.METHODS, spelled out so that --help does not import numpy and anndata
     p.add_argument(
