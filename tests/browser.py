@@ -47,6 +47,11 @@ window.addEventListener("load", function () {
     broken: imgs.filter(function (i) { return !i.complete || i.naturalWidth === 0; })
                 .map(function (i) { return i.alt; }),
     shown: imgs.filter(function (i) { return i.getBoundingClientRect().width > 0; }).length,
+    svgs: document.querySelectorAll("svg").length,
+    svgs_shown: Array.prototype.filter.call(document.querySelectorAll("svg"), function (s) {
+      var box = s.getBoundingClientRect();
+      return box.width > 0 && box.height > 0;
+    }).length,
     resources: performance.getEntriesByType("resource").map(function (r) { return r.name; }),
     title: document.title
   };

@@ -41,6 +41,7 @@ LAYERS = {
     "metrics": 4,
     "model": 5,
     "report_sections": 5,
+    "report_attention": 5,
     "report": 6,
     "layout": 6,
     "schedule": 6,

@@ -241,7 +241,7 @@ def test_report_content(dataset) -> None:
         assert section in ids
     alts = [a.get("alt") for t, a in p.tags if t == "img"]
     assert "PCA of uncorrected" in alts and "PCA of harmony" in alts
-    assert "Attention maps" in alts and "Training curves" in alts
+    assert "Attention between chromosomes" in alts and "Training curves" in alts
     # embeddings: uncorrected first
     assert html.index("<h3>uncorrected</h3>") < html.index("<h3>harmony</h3>")
     assert "Failed:" in html and "ComBat needs at least 2 samples per batch" in html

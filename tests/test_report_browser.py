@@ -120,6 +120,8 @@ def small_report(d: Path) -> Path:
         d / "attention.npz",
         attention=att / att.sum(-1, keepdims=True),
         token_chrom=np.array(["1", "1", "1", "2", "2", "X"]),
+        token_genes=np.array([[f"G{2 * t}", f"G{2 * t + 1}"] for t in range(6)]),
+        model_config=np.array(json.dumps({"d_model": 16, "n_heads": 2, "n_layers": 1})),
     )
     bench = d / "train.bench"
     bench.write_text(
@@ -158,6 +160,7 @@ def test_report_opens_in_headless_chromium(tmp_path: Path) -> None:
     assert result["images"] == n_img
     assert result["broken"] == []
     assert result["shown"] == n_img
+    assert result["svgs"] == 1 and result["svgs_shown"] == 1  # the attention's flow diagram
     assert all(r.startswith("data:") for r in result["resources"]), result["resources"]
     assert result["title"] == "LocusFormer report: browser <check>"
     assert "Uncaught" not in result["stderr"]

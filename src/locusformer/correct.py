@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import json
 import os
 import sys
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -257,17 +258,23 @@ def write_attention(
     """Save the mean attention map and the token layout as an .npz, atomically.
 
     Arrays: ``attention`` (layers, heads, T, T) float32, ``token_chrom`` (T,) chromosome
-    names ("unplaced" for the rest), ``token_position`` (T,) the encoded positions.
+    names ("unplaced" for the rest), ``token_position`` (T,) the encoded positions,
+    ``token_genes`` (T, P) the gene ids in each token ("" in padding slots) and
+    ``model_config`` (a JSON string: the architecture, for the report's diagram).
     """
     attn = attention_map(model, X, batch_labels, max_samples=max_samples)
     codes = model.module.embed.token_chrom.cpu().tolist()
     names = np.array([CHROMOSOMES[c] if c < len(CHROMOSOMES) else "unplaced" for c in codes])
+    genes = np.array([*(model.gene_ids or [f"locus {i}" for i in range(model.n_loci)]), ""])
+    slots = model.module.embed.token_index.cpu().numpy()  # n_loci marks a padding slot
     with atomic.atomic_path(path) as tmp, open(tmp, "wb") as fh:
         np.savez_compressed(
             fh,
             attention=attn,
             token_chrom=names,
             token_position=model.module.embed.token_position.cpu().numpy(),
+            token_genes=genes[slots],
+            model_config=np.array(json.dumps(model.config.to_dict())),
         )
 
 

@@ -6,8 +6,9 @@ e-mail attachment) anywhere. Every user-provided name is escaped (jinja2 autoesc
 figures, matplotlib's mathtext ``$`` is escaped too).
 
 This module renders: the sections come assembled from the workflow's outputs by
-:mod:`locusformer.report_sections`, with their figures drawn by
-:mod:`locusformer.report_figures`, and go into the jinja2 templates here.
+:mod:`locusformer.report_sections` (the attention's by :mod:`locusformer.report_attention`),
+with their figures drawn by :mod:`locusformer.report_figures`, and go into the jinja2
+templates here.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from locusformer import atomic
+from locusformer.report_attention import attention_section
 from locusformer.report_sections import (
-    attention_section,
     confounding_section,
     embedding_section,
     history_section,

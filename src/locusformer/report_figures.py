@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import io
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -147,41 +146,37 @@ def scores_figure(pts: pd.DataFrame, names: Mapping[str, str]) -> str:
     return _png(fig)
 
 
-def attention_figure(mean: np.ndarray, shown: int, chrom: np.ndarray, bounds: list[int]) -> str:
-    """Heat maps of the first ``shown`` heads of ``mean`` (heads x T x T).
+def chromosome_attention_figure(names: Sequence[str], between: np.ndarray) -> str:
+    """Heat map of the mean attention between chromosomes, (C, C) relative to uniform.
 
-    ``chrom`` is each token's chromosome and ``bounds`` the tokens where a new one
-    starts: lines mark them, and their names label the axes when there are few.
+    Rows are the attending (query) chromosome, columns the attended one; the colour scale
+    is centred on 1, uniform attention. With few chromosomes each cell shows its value.
     """
-    t = mean.shape[-1]
-    ncols = min(4, shown)
-    nrows = math.ceil(shown / ncols)
-    starts = [0, *bounds]
-    ends = [*bounds, t]
-    mids = [(s + e) / 2 - 0.5 for s, e in zip(starts, ends, strict=True)]
-    names = [chrom[s] for s in starts]
     plt = _plt()
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.4 * ncols, 3.2 * nrows), squeeze=False)
-    for h in range(nrows * ncols):
-        ax = axes[h // ncols][h % ncols]
-        if h >= shown:
-            ax.axis("off")
-            continue
-        im = ax.imshow(mean[h], cmap="viridis", interpolation="nearest", aspect="equal")
-        for b in bounds:
-            ax.axhline(b - 0.5, color="white", lw=0.6)
-            ax.axvline(b - 0.5, color="white", lw=0.6)
-        if len(names) <= 30:
-            ax.set_xticks(mids)
-            ax.set_xticklabels([_mpl(n) for n in names], rotation=90, fontsize=6)
-            ax.set_yticks(mids)
-            ax.set_yticklabels([_mpl(n) for n in names], fontsize=6)
-        else:
-            ax.set_xticks([])
-            ax.set_yticks([])
-        ax.set_title(f"head {h + 1}", fontsize=9)
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
-    fig.suptitle("Mean attention between locus patches (over layers)", fontsize=10)
+    from matplotlib.colors import TwoSlopeNorm
+
+    c = len(names)
+    side = max(3.0, 0.24 * c + 1.6)
+    fig, ax = plt.subplots(figsize=(side + 0.9, side))
+    finite = between[np.isfinite(between)]
+    lo = min(0.99, float(finite.min())) if finite.size else 0.99
+    hi = max(1.01, float(finite.max())) if finite.size else 1.01
+    im = ax.imshow(between, cmap="RdBu_r", norm=TwoSlopeNorm(1.0, lo, hi), interpolation="nearest")
+    labels = [_mpl(str(n).removeprefix("chr")) for n in names]
+    ax.set_xticks(range(c))
+    ax.set_xticklabels(labels, rotation=90, fontsize=7)
+    ax.set_yticks(range(c))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.set_xlabel("attended chromosome (keys)", fontsize=8)
+    ax.set_ylabel("attending chromosome (queries)", fontsize=8)
+    if c <= 8:
+        for (i, j), value in np.ndenumerate(between):
+            shade = float(im.norm(value))  # white text on the dark ends of the scale
+            colour = "white" if shade < 0.2 or shade > 0.8 else "black"
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color=colour)
+    bar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+    bar.set_label("mean attention / uniform", fontsize=8)
+    ax.set_title("Mean attention between chromosomes", fontsize=10)
     fig.tight_layout()
     return _png(fig)
 

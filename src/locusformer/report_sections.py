@@ -1,7 +1,8 @@
 """What the reports show, assembled from the workflow's outputs: one dict per section.
 
 Each section reads its input (stats, loci, history, integration results, metrics,
-attention maps, benchmarks, the design check) and returns what its template needs, with
+benchmarks, the design check; the attention's section is
+:mod:`locusformer.report_attention`) and returns what its template needs, with
 ``available`` False when the input was not given; a figure comes drawn by
 :mod:`locusformer.report_figures`. A file that cannot be read is an
 :class:`~locusformer.errors.InputError` naming it, before any report is written.
@@ -25,7 +26,6 @@ import pandas as pd
 from locusformer.errors import InputError, one_line
 from locusformer.pca import pca
 from locusformer.report_figures import (
-    attention_figure,
     embedding_figure,
     history_figure,
     loci_figure,
@@ -35,7 +35,6 @@ from locusformer.report_figures import (
 
 #: embedding plots use UMAP from this many samples on, the first two PCs below it
 UMAP_MIN_SAMPLES = 200
-MAX_HEADS = 8
 
 PathLike = str | os.PathLike
 Paths = PathLike | Sequence[PathLike]
@@ -405,46 +404,6 @@ def metrics_section(metrics_tsv: PathLike | None, names: Mapping[str, str] | Non
         scatter=scores_figure(pts, names),
         metric_errors=metric_errors,
         n_failed=len(failed),
-    )
-    return section
-
-
-def attention_section(attention_npz: PathLike | None) -> dict:
-    """The attention maps of ``attention.npz``, averaged over layers, per head."""
-    section: dict[str, Any] = {"available": False}
-    if attention_npz is None:
-        return section
-    try:
-        with np.load(attention_npz, allow_pickle=False) as npz:
-            att = np.asarray(npz["attention"], dtype=np.float64)
-            chrom = np.asarray(npz["token_chrom"]).astype(str)
-    except KeyError as exc:
-        raise InputError(
-            attention_npz, f"no array {exc} (need 'attention' and 'token_chrom')"
-        ) from exc
-    except Exception as exc:
-        raise InputError(attention_npz, f"cannot read attention maps: {one_line(exc)}") from exc
-    if att.ndim == 3:
-        att = att[None]
-    if att.ndim != 4 or att.shape[-1] != att.shape[-2]:
-        raise InputError(attention_npz, f"attention must be (layers, heads, T, T), got {att.shape}")
-    t = att.shape[-1]
-    if chrom.shape != (t,):
-        raise InputError(attention_npz, f"token_chrom has {chrom.size} entries for {t} tokens")
-    mean = np.nanmean(att, axis=0)  # heads x T x T, averaged over layers
-    n_heads = mean.shape[0]
-    shown = min(n_heads, MAX_HEADS)
-    # a new chromosome starts at each of these tokens
-    bounds = [i for i in range(1, t) if chrom[i] != chrom[i - 1]]
-    figure = attention_figure(mean, shown, chrom, bounds)
-    section.update(
-        available=True,
-        figure=figure,
-        n_layers=att.shape[0],
-        n_heads=n_heads,
-        n_shown=shown,
-        n_tokens=t,
-        n_chrom=len(bounds) + 1,
     )
     return section
 
