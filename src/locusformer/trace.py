@@ -346,16 +346,21 @@ def format_trace(result: dict[str, Any], naive: bool = False) -> str:
     if diff:
         a, b = diff["between"]
         lines.append("")
-        for label, d in (
-            ("any step", diff["largest"]),
-            ("relative to the step's values", diff["largest_relative"]),
-            ("attention weights", diff["weights"]),
-        ):
-            if d is not None:
-                lines.append(
-                    f"largest difference {a} vs {b}, {label}: {_num(d['max_abs'])} at "
-                    f"{_where(d)} (values up to {_num(d['scale'])})"
-                )
+        big, rel, w = diff["largest"], diff["largest_relative"], diff["weights"]
+        if big is not None:
+            lines.append(
+                f"largest difference {a} vs {b}: {_num(big['max_abs'])} at {_where(big)} "
+                f"(values up to {_num(big['scale'])})"
+            )
+        if rel is not None:
+            lines.append(
+                f"largest relative to its step's values: {rel['max_abs'] / rel['scale']:.2%} "
+                f"at {_where(rel)} ({_num(rel['max_abs'])} of {_num(rel['scale'])})"
+            )
+        if w is not None:
+            lines.append(
+                f"attention weights: largest difference {_num(w['max_abs'])} at {_where(w)}"
+            )
         if diff["latent"] is not None:
             lines.append(f"latent: largest difference {_num(diff['latent']['max_abs'])}")
     return "\n".join(lines) + "\n"
