@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import anndata as ad
 import numpy as np
 import pandas as pd
@@ -9,6 +11,7 @@ import pytest
 import torch
 
 import locusformer as lf
+from locusformer.api import Model
 from locusformer.errors import InputError
 from locusformer.simulate import simulate
 
@@ -50,7 +53,7 @@ def test_fit_needs_coordinates_or_an_annotation() -> None:
 
 
 @pytest.fixture(scope="module")
-def fitted() -> tuple[lf.api.Model, ad.AnnData]:
+def fitted() -> Iterator[tuple[Model, ad.AnnData]]:
     """A model fitted on batches b0 and b1 of a simulated AnnData that also holds b2."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -74,7 +77,7 @@ def _library_correct(model, adata: ad.AnnData, reference: str) -> tuple[np.ndarr
 def test_latent_is_what_correct_writes(fitted) -> None:
     model, adata = fitted
     ref = model.adata
-    assert isinstance(model, lf.api.Model) and model.batch_key == "batch"
+    assert isinstance(model, Model) and model.batch_key == "batch"
     z = model.get_latent_representation()  # the AnnData fit was given
     np.testing.assert_array_equal(z, _library_correct(model, ref, "mean")[1])
     np.testing.assert_array_equal(z, lf.map(ref, model, device="cpu").obsm["X_locusformer"])
@@ -123,7 +126,7 @@ def test_an_unknown_transform_batch_is_named(fitted) -> None:
 def test_save_and_load_as_methods(fitted, tmp_path) -> None:
     model, adata = fitted
     model.save(tmp_path / "m")
-    loaded = lf.api.Model.load(tmp_path / "m", adata)
+    loaded = Model.load(tmp_path / "m", adata)
     assert repr(loaded).startswith("Model(") and loaded.batch_names == ["b0", "b1"]
     np.testing.assert_array_equal(
         loaded.get_latent_representation(), model.get_latent_representation(adata)
