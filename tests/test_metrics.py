@@ -14,6 +14,7 @@ from sklearn.neighbors import NearestNeighbors
 
 from locusformer import metrics
 from locusformer.baselines import failed_result, run_method
+from locusformer.cli import main
 from locusformer.errors import InputError
 from locusformer.metrics import (
     compute_neighbors,
@@ -318,3 +319,55 @@ def test_unreadable_files_are_input_errors(tmp_path: Path, data) -> None:
     with pytest.raises(InputError, match="missing column"):
         metrics.aggregate_metrics([tmp_path / "t.tsv"], tmp_path / "agg.tsv")
     assert not (tmp_path / "m.tsv").exists() and not (tmp_path / "agg.tsv").exists()
+
+
+def test_a_dataset_scored_in_one_process_scores_each_method_as_alone(tmp_path, data) -> None:
+    paths = {m: tmp_path / f"{m}.h5ad" for m in ("uncorrected", "combat", "reversed")}
+    write_result(data["uncorrected"], paths["uncorrected"])
+    write_result(data["combat"], paths["combat"])
+    # Samples in another order than the uncorrected result's: its PCA is computed anew.
+    write_result(data["combat"][::-1].copy(), paths["reversed"])
+    together = {m: tmp_path / "together" / f"{m}.tsv" for m in paths}
+    argv = ["metrics", "--uncorrected", str(paths["uncorrected"]), "--batch-key", "batch"]
+    argv += ["--label-key", "cell_type", "--seed", "0"]
+    for m in paths:
+        argv += ["--result", f"{m}={paths[m]}", "--out", f"{m}={together[m]}"]
+    assert main(argv) == 0
+    for m, path in paths.items():
+        alone = tmp_path / "alone" / f"{m}.tsv"
+        metrics.run_metrics(path, paths["uncorrected"], "batch", "cell_type", alone, m, seed=0)
+        assert together[m].read_text() == alone.read_text(), m
+    assert metrics.read_metrics(together["combat"])["value"].notna().all()
+
+
+def test_the_uncorrected_pca_is_computed_once_for_results_in_its_order(data) -> None:
+    reference: dict = {}
+    unc = data["uncorrected"]
+    score_method(data["combat"], unc, "batch", None, seed=0, reference=reference)
+    first = reference["pca"]
+    score_method(unc, unc, "batch", None, seed=0, reference=reference)
+    assert reference["pca"] is first
+    score_method(data["combat"][::-1].copy(), unc, "batch", None, seed=0, reference=reference)
+    assert reference["pca"] is not first
+    np.testing.assert_array_equal(reference["obs_names"], unc.obs_names[::-1])
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--result", "a=x.h5ad", "--result", "a=y.h5ad", "--out", "a=a.tsv"], "--result"),
+        (["--result", "a=x.h5ad", "--result", "b=y.h5ad", "--out", "a=a.tsv"], "--out"),
+        (["--result", "x.h5ad", "--out", "a=a.tsv"], "expected NAME=PATH"),
+    ],
+)
+def test_metrics_refuses_unpaired_methods_in_one_line(
+    tmp_path, monkeypatch, capsys, data, extra, fragment
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in ("u", "x", "y"):
+        write_result(data["uncorrected"], tmp_path / f"{name}.h5ad")
+    argv = ["metrics", "--uncorrected", "u.h5ad", "--batch-key", "batch", *extra]
+    assert main(argv) == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(said) == 1 and fragment in said[0], said
+    assert not (tmp_path / "a.tsv").exists()

@@ -100,6 +100,25 @@ def test_the_optional_baselines_are_planned_with_their_arguments(tmp_path):
     assert "results/demo/metrics/combat_mod.tsv" in result.stdout
 
 
+def test_one_metrics_job_per_dataset_scores_every_method(tmp_path):
+    workdir = _workdir(tmp_path, {}, [_demo_row("first"), _demo_row("second")])
+    result = _snakemake(workdir, "-n", "-p")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    scoring = [line for line in lines if "-m locusformer metrics " in line]
+    reports = [line for line in lines if "-m locusformer report " in line]
+    assert len(scoring) == 2 and len(reports) == 2
+    methods = ("uncorrected", "combat", "harmony", "locusformer", "locusformer_latent")
+    for name in ("first", "second"):
+        [command] = [c for c in scoring if f"results/{name}/" in c]
+        for method in methods:
+            assert f"--result {method}=results/{name}/integrated/{method}.h5ad" in command
+            assert f"--out {method}=results/{name}/metrics/{method}.tsv" in command
+        assert f"--uncorrected results/{name}/integrated/uncorrected.h5ad" in command
+        [report] = [c for c in reports if f"--dataset {name} " in c]
+        assert f"--benchmark metrics=benchmarks/out/{name}/metrics.tsv" in report
+
+
 @pytest.mark.parametrize("name", ["../escape", "a b", "-rf", "x;rm"])
 def test_dataset_name_must_be_a_safe_path_component(tmp_path, name):
     workdir = _workdir(tmp_path, {}, [_demo_row(name)])

@@ -298,16 +298,17 @@ def _locusformer_result(args: argparse.Namespace) -> None:
 
 @_command("metrics")
 def _metrics(args: argparse.Namespace) -> None:
-    from .metrics import run_metrics
+    from .metrics import run_dataset_metrics
 
-    run_metrics(
-        args.result,
-        args.uncorrected,
-        args.batch_key,
-        args.label_key,
-        args.out,
-        method=args.method,
-        seed=args.seed,
+    pairs = {"--result": _pairs(args.result, "--result"), "--out": _pairs(args.out, "--out")}
+    for flag, given in pairs.items():
+        names = [name for name, _ in given]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise InputError(flag, f"method(s) given twice: {', '.join(twice)}")
+    results, outputs = dict(pairs["--result"]), dict(pairs["--out"])
+    run_dataset_metrics(
+        results, args.uncorrected, args.batch_key, args.label_key, outputs, seed=args.seed
     )
 
 

@@ -227,14 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-key", default=None)
     p.add_argument("--out", required=True)
 
-    p = commands.add_parser("metrics", help="scIB metrics of one method")
-    p.add_argument("--result", required=True)
-    p.add_argument("--uncorrected", required=True)
-    p.add_argument("--method", required=True)
+    p = commands.add_parser("metrics", help="scIB metrics of a dataset's methods, one process")
+    p.add_argument("--result", action="append", required=True, help="METHOD=result.h5ad")
+    p.add_argument("--uncorrected", required=True, help="the uncorrected result.h5ad")
     p.add_argument("--batch-key", required=True)
     p.add_argument("--label-key", default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", action="append", required=True, help="METHOD=metrics.tsv")
 
     p = commands.add_parser("aggregate-metrics", help="one dataset's metrics.tsv")
     p.add_argument("tables", nargs="+")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -259,11 +260,15 @@ def score_method(
     batch_key: str,
     label_key: str | None,
     seed: int = 0,
+    reference: dict | None = None,
 ) -> pd.DataFrame:
     """Score one integration result; long format (method, metric, type, value, status, error).
 
     ``uncorrected`` is the ``uncorrected`` integration result of the same dataset (its PCA
     is the pre-integration reference of PCR comparison and of the no-label bio metric).
+    ``reference``, a dict kept between calls that pass the same ``uncorrected`` and
+    ``seed`` (:func:`run_dataset_metrics`), holds that PCA so it is computed once, not once
+    per method.
     """
     import scib_metrics
 
@@ -282,13 +287,21 @@ def score_method(
         raise InputError(
             "integration result", f"samples of {method!r} differ from the uncorrected result"
         )
+    is_uncorrected = result is uncorrected
     uncorrected = uncorrected[result.obs_names]
 
+    reference = {} if reference is None else reference
     try:
-        x = scoring_representation(result, seed)
+        # The PCA depends on the row order: reused only for results in the same order.
+        if not result.obs_names.equals(reference.get("obs_names")):
+            reference.clear()
+            reference["pca"] = scoring_representation(uncorrected, seed)
+            reference["obs_names"] = result.obs_names.copy()
+        # Copies: a metric that changed its input in place would change the next method's.
+        x_pre = reference["pca"].copy()
+        x = x_pre.copy() if is_uncorrected else scoring_representation(result, seed)
         if not np.isfinite(x).all():
             raise ValueError("representation has non-finite values")
-        x_pre = scoring_representation(uncorrected, seed)
     except ValueError as exc:
         return failed_rows(method, f"cannot score: {exc}", with_labels)
 
@@ -415,6 +428,39 @@ def run_metrics(
     df = score_method(result, uncorrected, batch_key, label_key, seed)
     _write_tsv(df, out_tsv)
     return df
+
+
+def run_dataset_metrics(
+    results: Mapping[str, str | os.PathLike],
+    uncorrected_h5ad: str | os.PathLike,
+    batch_key: str,
+    label_key: str | None,
+    out_tsvs: Mapping[str, str | os.PathLike],
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Score every method of a dataset in one process: ``results`` and ``out_tsvs`` map
+    each method to its result file and to its metrics TSV (written once all are scored).
+
+    Each method's values are the ones :func:`run_metrics` gives it alone; what is paid once
+    instead of once per method is the imports, the JIT compilation (numba's of pynndescent
+    and UMAP for kBET, JAX's for the rest: most of one method's time on small data) and
+    the uncorrected result's PCA. Results are read one at a time.
+    """
+    if set(results) != set(out_tsvs):
+        raise InputError("--out", f"expected one per --result method: {', '.join(results)}")
+    uncorrected = read_result(uncorrected_h5ad, "uncorrected result")
+    reference: dict = {}
+    frames = {}
+    for method, path in results.items():
+        started = time.perf_counter()
+        same = Path(path).resolve() == Path(uncorrected_h5ad).resolve()
+        result = uncorrected if same else read_result(path)
+        result.uns["method"] = method
+        frames[method] = score_method(result, uncorrected, batch_key, label_key, seed, reference)
+        log.info("%s: scored in %.1f s", method, time.perf_counter() - started)
+    for method, df in frames.items():
+        _write_tsv(df, out_tsvs[method])
+    return pd.concat(frames.values(), ignore_index=True)
 
 
 def aggregate_metrics(

@@ -1,26 +1,31 @@
+# One job per dataset scores every method in one process: the JIT compilation (numba's
+# for kBET, JAX's for the rest) and the uncorrected PCA are paid once, not per method.
+# One BLAS thread: the matrices scored are n x 50, and on shared cores OpenBLAS's second
+# thread made the PCA and kBET many times slower (same scores); JAX's own thread pool
+# still uses the job's cores.
 rule metrics:
     input:
-        result="results/{dataset}/integrated/{method}.h5ad",
-        uncorrected="results/{dataset}/integrated/uncorrected.h5ad",
+        unpack(get_metrics_inputs),
     output:
-        "results/{dataset}/metrics/{method}.tsv",
+        expand("results/{{dataset}}/metrics/{method}.tsv", method=methods()),
     log:
-        "logs/{dataset}/metrics_{method}.log",
+        "logs/{dataset}/metrics.log",
     benchmark:
-        "benchmarks/out/{dataset}/metrics_{method}.tsv"
+        "benchmarks/out/{dataset}/metrics.tsv"
     conda:
         "../envs/metrics.yaml"
     threads: 2
     params:
+        results=get_metrics_results,
+        outputs=get_metrics_outputs,
         batch_key=get_batch_key,
         label=get_label_arg,
         seed=SEED,
     shell:
-        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}} OMP_NUM_THREADS={threads}"
-        " python -m locusformer metrics --result {input.result:q}"
-        " --uncorrected {input.uncorrected:q} --method {wildcards.method}"
-        " --batch-key {params.batch_key} {params.label} --seed {params.seed}"
-        " --out {output:q} 2> {log:q}"
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}} OMP_NUM_THREADS=1"
+        " python -m locusformer metrics --uncorrected {input.uncorrected:q}"
+        " {params.results} {params.outputs} --batch-key {params.batch_key}"
+        " {params.label} --seed {params.seed} 2> {log:q}"
 
 
 rule aggregate_metrics:
