@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -63,7 +64,7 @@ def run(task: str, seeds: list[int], variants: list[str], baselines: bool, work:
     from locusformer.results import make_result
     from locusformer.train import train_corrector
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     d = work / "results" / task
     ordered = read_matrix_parquet(d / "ordered.parquet", "ordered matrix")
     loci = pd.read_parquet(d / "loci.parquet")
