@@ -18,7 +18,7 @@ One row per (held-out set, method, seed) is appended to ``--work``/results.tsv.
 
     .venv/bin/python benchmarks/quality/mapping.py --seeds 0
     .venv/bin/python benchmarks/quality/mapping.py --heldout CEL-seq2 plate1 --seeds 1 2
-    .venv/bin/python benchmarks/quality/mapping.py --table
+    .venv/bin/python benchmarks/quality/mapping.py --table [--seeds 0] [--heldout ...]
 
 Needs ``../shared/data`` (the CellBench files) and scvi-tools.
 """
@@ -295,9 +295,12 @@ def run(task: str, heldouts: list[str], seeds: list[int], adapt_epochs: int, wor
                 map_scvi(bench, heldout, seed)
 
 
-def table(work: Path) -> None:
+def table(work: Path, seeds: list[int] | None, heldouts: list[str]) -> None:
+    """Markdown tables of results.tsv, the rows of ``seeds`` (all when None) and
+    ``heldouts`` only."""
     rows = pd.read_csv(work / "results.tsv", sep="\t", header=None, names=COLUMNS)
     rows = rows.drop_duplicates(["task", "heldout", "method", "seed"], keep="last")
+    rows = rows[rows["heldout"].isin(heldouts) & (seeds is None or rows["seed"].isin(seeds))]
     for task, group in rows.groupby("task"):
         agg = group.groupby(["heldout", "method"]).agg(
             seeds=("seed", "nunique"), batch=("batch", "mean"), bio=("bio", "mean"),
@@ -328,15 +331,15 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "out" / "mapping")
     parser.add_argument("--task", default="cellbench5_inner", choices=TASKS)
     parser.add_argument("--heldout", nargs="+", default=list(SETS), choices=list(SETS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--seeds", nargs="+", type=int, help="default 0; --table: all")
     parser.add_argument("--adapt-epochs", type=int, default=50)
     parser.add_argument("--table", action="store_true", help="print the tables and stop")
     args = parser.parse_args()
     if args.table:
-        table(args.work)
+        table(args.work, args.seeds, args.heldout)
         return
     prepare([args.task], args.shared, args.work)
-    run(args.task, args.heldout, args.seeds, args.adapt_epochs, args.work)
+    run(args.task, args.heldout, args.seeds or [0], args.adapt_epochs, args.work)
 
 
 if __name__ == "__main__":
