@@ -280,9 +280,16 @@ def map_scvi(bench: Bench, heldout: str, seed: int) -> None:
 
 
 def run(task: str, heldouts: list[str], seeds: list[int], adapt_epochs: int, work: Path) -> None:
+    import subprocess
+
     import torch
 
     torch.set_num_threads(1)  # the machine is shared
+    # Others edit the working tree: say which code this process imported.
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "status", "--short", "src"], capture_output=True, text=True)
+    print(f"# code: {head.stdout.strip()}, src changes: {dirty.stdout.split() or 'none'}")
     bench = Bench(task, work)
     for seed in seeds:
         done = bench.done()
