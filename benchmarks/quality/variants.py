@@ -4,7 +4,8 @@ Prepares each task once with the workflow's own normalize and order-loci rules (
 ``--work``), then trains and scores in process, appending one row per (task, method or
 variant, seed) to ``--work``/results.tsv: batch, bio and total as the workflow's metrics
 compute them, and the seconds (train + correct; they depend on the machine's load). A
-variant is JSON: ``{"training": {...}, "model": {...}, "protect": "cell_line"}``.
+variant is JSON: ``{"training": {...}, "model": {...}, "protect": "cell_line"}``, with an
+optional ``"name"`` that stands for it in the table.
 
     .venv/bin/python benchmarks/quality/variants.py --tasks cellbench5_inner --seeds 0 \\
         --variant '{}' --variant '{"training": {"alignment": "shared"}}'
@@ -98,6 +99,7 @@ def run(task: str, seeds: list[int], variants: list[str], baselines: bool, work:
         for variant in variants:
             spec = json.loads(variant)
             protect = spec.pop("protect", None)
+            label = spec.pop("name", None)  # names a variant in the table instead of its JSON
             levels = covariate_levels(samples, [protect]) if protect else None
             start = time.perf_counter()
             model, _ = train_corrector(
@@ -106,7 +108,7 @@ def run(task: str, seeds: list[int], variants: list[str], baselines: bool, work:
             )  # fmt: skip
             corrected, _ = correct(model, adata.X, samples["batch"].tolist())
             seconds = time.perf_counter() - start
-            name = f"locusformer {variant}" + (f" protect={protect}" if protect else "")
+            name = f"locusformer {label or variant}" + (f" protect={protect}" if protect else "")
             matrix = make_result(
                 corrected, method="locusformer", representation="matrix", obs=adata.obs,
                 var_names=adata.var_names, batch_key="batch", label_key="cell_line",

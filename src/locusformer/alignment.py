@@ -19,13 +19,18 @@ gets its own target, nonzero only on the batches that hold its biology:
 :func:`target_prior` turns either into the (n, N) target: the batch frequencies, restricted
 to the batches that hold the sample's biology and renormalized. A sample whose biology no
 other batch holds gets its own batch as target, so the adversary leaves it alone.
+
+The batch-mean term has the same weakness, and :func:`latent_clusters` is its answer:
+soft clusters of the latent (found at each epoch's start once the adversary has ramped
+up), inside which the batches' means are compared, and only between the batches that hold
+a fair share of the cluster (:func:`locusformer.losses.cluster_batch_mean_distance`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -44,6 +49,15 @@ MNN_MAX_PER_BATCH = 20_000
 #: Share of a sample's own-batch neighbourhood with a mutual partner in a batch for that
 #: batch to count as holding the sample's biology.
 SMOOTH_SHARE = 0.2
+#: Harmony's softness of its clusters on the cosine distance, and the rounds of soft
+#: k-means run at each epoch's start.
+CLUSTER_SIGMA = 0.1
+CLUSTER_ROUNDS = 10
+#: Share of its expected cells (the batch's overall proportion of a cluster) a batch
+#: must hold in a cluster for its means there to be compared.
+CLUSTER_MIN_SHARE = 0.2
+#: Latents clustered at most; larger training sets are subsampled (seeded per epoch).
+CLUSTER_MAX_SAMPLES = 20_000
 #: Quantile bins a numeric covariate is cut into (its levels).
 NUMERIC_BINS = 5
 
@@ -145,6 +159,73 @@ def shared_batches(
             near = _knn(scores[searched[b]], scores[rest], 1)[:, 0]
             out[rest] = out[searched[b][near]]
     return out
+
+
+class Clustering(NamedTuple):
+    """What :func:`latent_clusters` finds (numpy; :class:`locusformer.losses.Clusters`
+    carries it as tensors)."""
+
+    center: np.ndarray  # (Z,)
+    centroids: np.ndarray  # (K, Z)
+    gate: np.ndarray  # (K, N) bool
+
+
+def latent_clusters(
+    z: np.ndarray,
+    codes: np.ndarray,
+    n_batches: int,
+    n_clusters: int,
+    seed: int,
+    *,
+    sigma: float = CLUSTER_SIGMA,
+    rounds: int = CLUSTER_ROUNDS,
+) -> Clustering:
+    """Soft clusters of latents ``z`` (n, Z), and which batches each cluster compares.
+
+    Soft k-means on the unit sphere about the latents' mean (cosine distance
+    2(1 - cos), softness ``sigma``, as Harmony's clusters; Korsunsky et al. 2019),
+    started from k-means. Found once the adversary is at full strength, the latent holds
+    the biology and little of the batch, so clusters follow cell types across batches.
+
+    Harmony's diversity penalty, which pushes every cluster to hold every batch, is left
+    out on purpose: it can gather cell types that different batches hold into one
+    cluster, where comparing the batches removes biology (the confounded pseudo-bulk
+    scored below the uncorrected data with it; BENCHMARKS.md, session 9). Without it, a
+    cluster that a batch shift has left to one batch closes its gate: that shift stays
+    (under-correction) rather than a cell type being lost.
+
+    Returns
+    -------
+    Clustering
+        center
+            (Z,) the latents' mean, subtracted before the cosine.
+        centroids
+            (K, Z) unit length.
+        gate
+            (K, N) bool: batch b holds cluster k's biology, with at least
+            :data:`CLUSTER_MIN_SHARE` of the cells it would hold if every cluster had the
+            batches' overall proportions (and two cells).
+    """
+    from sklearn.cluster import KMeans
+
+    codes = np.asarray(codes)
+    center = z.mean(axis=0, dtype=np.float64)
+    zn = z - center  # about the centre, as Harmony's PCA scores are
+    zn /= np.maximum(np.linalg.norm(zn, axis=1, keepdims=True), 1e-12)
+    k = max(1, min(n_clusters, len(zn)))
+    centroids = KMeans(k, n_init=1, random_state=seed).fit(zn).cluster_centers_
+    for _ in range(rounds):
+        centroids /= np.maximum(np.linalg.norm(centroids, axis=1, keepdims=True), 1e-12)
+        logits = -2.0 * (1.0 - zn @ centroids.T) / sigma  # (n, K)
+        resp = np.exp(logits - logits.max(axis=1, keepdims=True))
+        resp /= resp.sum(axis=1, keepdims=True)
+        centroids = resp.T @ zn
+    centroids /= np.maximum(np.linalg.norm(centroids, axis=1, keepdims=True), 1e-12)
+    onehot = np.eye(n_batches)[codes]  # (n, N)
+    observed = resp.T @ onehot  # (K, N) soft count of each batch in each cluster
+    expected = resp.sum(axis=0)[:, None] * onehot.mean(axis=0)[None, :]
+    gate = (observed >= CLUSTER_MIN_SHARE * expected) & (observed >= 2.0)
+    return Clustering(center.astype(np.float32), centroids.astype(np.float32), gate)
 
 
 def covariate_levels(

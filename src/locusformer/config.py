@@ -24,6 +24,7 @@ LocusEmbeddingMode = Literal["vector", "affine", "none"]
 Adversary = Literal["confusion", "reversal"]
 DataOnDisk = Literal["auto", "always", "never"]
 Alignment = Literal["shared", "global"]
+BatchMeanScope = Literal["batches", "clusters"]
 
 
 def config_from_dict(cls: type, data: Mapping[str, Any] | None, source: str) -> Any:
@@ -169,6 +170,15 @@ class TrainConfig:
     # five sets (two lines in three of them only) a weight of 1 pulled cells of the other
     # two sets onto those lines (BENCHMARKS.md, "How the defaults were chosen").
     batch_mean_weight: float = 0.2
+    # Where the batch means are compared. "batches": whole batches, which asks batches
+    # holding different mixtures of cell types to have equal means; "clusters": within
+    # soft clusters of the latent, found again at each epoch's start once the ramp-up is
+    # over (before it, the term is off), and only between batches that hold a fair share
+    # of a cluster (locusformer.alignment.latent_clusters).
+    batch_mean_scope: BatchMeanScope = "batches"
+    # Clusters of the "clusters" scope. Each minibatch estimates a mean per cluster and
+    # batch, so a minibatch should hold a few samples of each.
+    batch_mean_clusters: int = 8
     mmd_weight: float = 0.0
     # Which batches each sample is aligned with (locusformer.alignment). "shared": only
     # those holding its biology, found label-free as mutual nearest neighbours, so a cell
@@ -227,6 +237,7 @@ class TrainConfig:
             "adversary_weight": lambda v: v >= 0,
             "adversary_rampup_epochs": lambda v: v >= 0,
             "batch_mean_weight": lambda v: v >= 0,
+            "batch_mean_clusters": lambda v: v >= 1,
             "mmd_weight": lambda v: v >= 0,
             "alignment_neighbors": lambda v: v >= 1,
             "cycle_weight": lambda v: v >= 0,

@@ -9,11 +9,23 @@ Shapes: B samples, Z latent width, N batches.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+
+class Clusters(NamedTuple):
+    """Soft clusters of the latent, for :func:`cluster_batch_mean_distance`.
+
+    K clusters, N batches; found by :func:`locusformer.alignment.latent_clusters`.
+    """
+
+    center: Tensor  # (Z,) subtracted from a latent before its cosine to the centroids
+    centroids: Tensor  # (K, Z) unit length
+    gate: Tensor  # (K, N) 1 where batch n holds cluster k's biology, else 0
+    sigma: float  # softness of the assignment on the cosine distance
 
 
 class GradientReversal(torch.autograd.Function):
@@ -107,6 +119,78 @@ def batch_mean_distance(
     d = means - mean  # (N, Z)
     solved = torch.linalg.solve(s_w, d.T).T  # (N, Z) = S_w^-1 d
     return ((counts / n)[:, None] * d * solved).sum()  # absent batches weigh 0
+
+
+def cluster_responsibilities(z: Tensor, clusters: Clusters) -> Tensor:
+    """Soft assignment (B, K) of latents (B, Z) to the clusters' unit-length centroids.
+
+    Harmony's (Korsunsky et al. 2019): softmax of minus the cosine distance 2(1 - cos)
+    about the clusters' centre, over their ``sigma``. No gradient: the clusters say which
+    samples to compare, they are not a target.
+    """
+    with torch.no_grad():
+        unit = F.normalize(z.float() - clusters.center.float(), dim=-1)
+        cos = unit @ clusters.centroids.float().T  # (B, K)
+        return torch.softmax(-2.0 * (1.0 - cos) / clusters.sigma, dim=-1)
+
+
+def cluster_batch_mean_distance(
+    z: Tensor,
+    batch: Tensor,
+    n_batches: int,
+    resp: Tensor,
+    gate: Tensor,
+    ridge: float = 1e-2,
+) -> Tensor:
+    """:func:`batch_mean_distance` within soft clusters: composition does not count.
+
+    sum_k sum_b (n_kb / n) d_kb^T S^-1 d_kb with d_kb = mu_kb - mu_k, where sample i
+    counts ``resp[i, k]`` in cluster k, mu_kb is the mean of batch b's samples in k and
+    mu_k that of all gated batches in k, and S is the within-batch covariance of the
+    minibatch as in :func:`batch_mean_distance` (so the term stays scale-free), each
+    sample counted by its gated responsibilities.
+
+    Batches are compared only where they hold the same biology: a batch that holds few
+    of a cluster's samples (``gate`` (K, N) 0) is left out of that cluster's means (and
+    of the whitening), so a cell type one batch lacks pulls nothing toward it, and
+    batches holding cell types in different proportions are not asked for equal means.
+
+    A minibatch holds a few samples per cluster and batch, and the squared distance of
+    such small means is mostly their noise: a floor that grows with the clusters and
+    that the encoder can lower only by collapsing the latent onto fewer directions.
+    So d_kb^T S^-1 d_kb is estimated without it, as the product of the distances seen in
+    the minibatch's two halves (even and odd positions; the minibatch is in random
+    order): independent estimates of the same shift, whose product has the squared
+    shift as expectation and no noise floor.
+    """
+    z = z.float()
+    Z = z.shape[1]
+    onehot = F.one_hot(batch, n_batches).float()  # (B, N)
+    gate = gate.float() * (gate.float().sum(dim=-1, keepdim=True) >= 2)  # one batch: none
+    w = resp.float()[:, :, None] * onehot[:, None, :] * gate[None]  # (B, K, N)
+    # The whitening is that of the samples compared: one in no gated cluster counts 0,
+    # so a type one batch alone holds neither moves nor is moved.
+    compared = w.sum(dim=(1, 2))[:, None]  # (B, 1)
+    counts_b = (onehot * compared).sum(dim=0)  # (N,)
+    means_b = (onehot.T @ (compared * z)) / counts_b.clamp_min(1e-8)[:, None]  # (N, Z)
+    centered = z - means_b[batch]  # (B, Z)
+    dof = (counts_b.sum() - (counts_b > 0).sum()).clamp_min(1.0)
+    s_w = (centered * compared).T @ centered / dof  # (Z, Z)
+    s_w = s_w + ridge * (s_w.trace() / Z + 1e-8) * torch.eye(Z, device=z.device)
+    shifts = []
+    for half in (0, 1):
+        wh = w[half::2]  # (B/2, K, N)
+        sums = torch.einsum("ikn,iz->knz", wh, z[half::2])  # (K, N, Z)
+        counts = wh.sum(dim=0)  # (K, N)
+        means = sums / counts.clamp_min(1e-8)[..., None]
+        mean_k = sums.sum(dim=1) / counts.sum(dim=1).clamp_min(1e-8)[:, None]  # (K, Z)
+        # A cluster or batch missing from a half has no estimate there: 0, weighs 0.
+        seen = (counts > 1e-6).float()[..., None]
+        shifts.append(((means - mean_k[:, None, :]) * seen).reshape(-1, Z))  # (K*N, Z)
+    solved = torch.linalg.solve(s_w, shifts[1].T).T
+    counts = w.sum(dim=0)
+    weight = (counts / counts.sum().clamp_min(1e-8)).reshape(-1, 1)  # (K*N, 1)
+    return (weight * shifts[0] * solved).sum()
 
 
 def batch_mmd(z: Tensor, batch: Tensor, n_batches: int) -> Tensor:

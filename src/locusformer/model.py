@@ -9,8 +9,9 @@ Read top to bottom:
 4. ``sinusoidal_encoding`` / ``LocusLayout`` / ``LocusEmbedding`` - how a row of the
    expression matrix becomes a sequence of tokens (patches of consecutive loci).
 5. ``Block`` / ``Encoder`` / ``masked_mean`` - pre-norm transformer blocks, pooling.
-6. ``GradientReversal`` / ``BatchDiscriminator`` / ``batch_mean_distance`` /
-   ``batch_mmd`` - the terms that push batch information out of the latent.
+6. ``GradientReversal`` / ``BatchDiscriminator`` / ``batch_mean_distance`` (whole
+   batches or within clusters) / ``batch_mmd`` - the terms that push batch
+   information out of the latent.
 7. ``BatchConditionedDecoder`` - reconstructs every locus from (latent, batch).
 8. ``LocusFormer`` - ties it together, owns the per-gene standardization and computes
    its own loss (``Loss``, weighted by ``LossWeights``).
@@ -36,8 +37,11 @@ from torch import Tensor, nn
 
 from locusformer.attention import MultiHeadSelfAttention, linear
 from locusformer.losses import (
+    Clusters,
     batch_mean_distance,
     batch_mmd,
+    cluster_batch_mean_distance,
+    cluster_responsibilities,
     confusion_loss,
     frozen_call,
     grad_reverse,
@@ -492,6 +496,7 @@ class LocusFormer(nn.Module):
         *,
         share: float = 1.0,
         stats: tuple[Tensor, Tensor, Tensor | None] | None = None,
+        clusters: Clusters | None = None,
     ) -> Loss:
         """The training objective of :meth:`forward`'s ``out`` on standardized ``x`` (B, L).
 
@@ -504,7 +509,8 @@ class LocusFormer(nn.Module):
         ``stats`` = (latent (M, Z), batch codes (M,), targets (M, N) or None) of all of it when
         this process holds a share only (DDP), whose per-sample terms then weigh
         ``share`` (its rows x processes / M), so that averaging the processes' gradients
-        gives the gradient of the whole minibatch's loss.
+        gives the gradient of the whole minibatch's loss. ``clusters``, when given, moves
+        the batch means into the latent's clusters (:func:`cluster_batch_mean_distance`).
         """
         recon = F.mse_loss(out.recon.float(), x)
         adversary = F.cross_entropy(out.batch_logits.float(), batch)
@@ -518,7 +524,13 @@ class LocusFormer(nn.Module):
             # Per-sample targets: a sample whose target is its own batch alone holds
             # biology no other batch has, and the batch means leave it out.
             shared = (targets.max(dim=-1).values < 1.0).float()
-        batch_mean = batch_mean_distance(z, b, self.n_batches, weight=shared)
+        if clusters is None:
+            batch_mean = batch_mean_distance(z, b, self.n_batches, weight=shared)
+        else:
+            resp = cluster_responsibilities(z, clusters)  # (M, K)
+            if shared is not None:
+                resp = resp * shared[:, None]
+            batch_mean = cluster_batch_mean_distance(z, b, self.n_batches, resp, clusters.gate)
         mmd = batch_mmd(z, b, self.n_batches)
         cycle = torch.zeros((), device=out.latent.device)
         if out.cycle_latent is not None:

@@ -68,7 +68,10 @@ def loss_weights(tc: TrainConfig, ramp: float) -> LossWeights:
     return LossWeights(
         confusion=ramp * tc.adversary_weight,
         cycle=ramp * tc.cycle_weight,
-        batch_mean=tc.batch_mean_weight,
+        # Within clusters the means are compared once the ramp-up is over: only then
+        # does the latent hold the biology the clusters should follow (found earlier,
+        # they mix cell types, and comparing batches inside them removes biology).
+        batch_mean=tc.batch_mean_weight if tc.batch_mean_scope == "batches" or ramp >= 1.0 else 0.0,
         mmd=tc.mmd_weight,
         ramp=ramp,
     )

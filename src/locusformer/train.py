@@ -23,7 +23,12 @@ import torch
 from tqdm.auto import tqdm
 
 from locusformer import atomic
-from locusformer.alignment import adversary_targets
+from locusformer.alignment import (
+    CLUSTER_MAX_SAMPLES,
+    CLUSTER_SIGMA,
+    adversary_targets,
+    latent_clusters,
+)
 from locusformer.checkpoint import (
     ModelRecord,
     TrainedModel,
@@ -50,6 +55,7 @@ from locusformer.data import (
 from locusformer.distributed import Dist, gather_rows, init_distributed
 from locusformer.errors import InputError, TrainingDivergedError
 from locusformer.layout import build_layout
+from locusformer.losses import Clusters
 from locusformer.model import LocusFormer, Loss, LossWeights
 from locusformer.runtime import autocast, deterministic, seed_everything
 from locusformer.schedule import (
@@ -371,6 +377,7 @@ def _run_epoch(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
         return _run_epoch_distributed(run, ramp, epoch)
     model, tc, dev = run.model, run.tc, run.device
     weights = loss_weights(tc, ramp)
+    clusters = _epoch_clusters(run, ramp, epoch)
     order = run.train_rows[torch.randperm(len(run.train_rows), generator=run.generator)]
     # Per-step losses stay on the device (no sync per step); checked once per epoch.
     per_step, correct, seen = [], 0, 0
@@ -380,7 +387,8 @@ def _run_epoch(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
                 xb, bb, adversary_weight=weights.confusion, adversary=tc.adversary,
                 cycle_batch=_other_batches(bb, model.n_batches, weights, run.generator),
             )  # fmt: skip
-        loss = model.loss(xb, bb, out, weights, run.batch_prior if tb is None else tb)
+        prior = run.batch_prior if tb is None else tb
+        loss = model.loss(xb, bb, out, weights, prior, clusters=clusters)
         _step(run, loss.total)
         per_step.append(torch.stack(list(loss)).detach())
         correct += (out.batch_logits.argmax(-1) == bb).sum()
@@ -388,6 +396,37 @@ def _run_epoch(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
     losses = torch.stack(per_step).cpu()  # (steps, terms)
     _check_finite(losses, epoch, run.n_bad_inputs)
     return {**_loss_means(losses), "train_disc_acc": float(correct) / max(1, seen)}
+
+
+def _epoch_clusters(run: _Run, ramp: float, epoch: int) -> Clusters | None:
+    """The latent's soft clusters at the start of ``epoch``, when the batch means
+    are compared within clusters (``batch_mean_scope="clusters"``); else None.
+
+    Found on the training rows' latents in eval mode (at most
+    :data:`~locusformer.alignment.CLUSTER_MAX_SAMPLES`, drawn from their own seeded stream
+    so the shuffling is as without them): a function of the weights at the epoch's start,
+    so a run resumed from a checkpoint finds the same clusters.
+    """
+    tc, model = run.tc, run.model
+    if tc.batch_mean_scope != "clusters" or not loss_weights(tc, ramp).batch_mean:
+        return None
+    rows = run.train_rows
+    if len(rows) > CLUSTER_MAX_SAMPLES:
+        rng = np.random.default_rng([run.seed, 4, epoch])
+        rows = rows[np.sort(rng.choice(len(rows), CLUSTER_MAX_SAMPLES, replace=False))]
+    was_training = model.training
+    model.eval()
+    latents = []
+    with torch.inference_mode():
+        for xb, _, _ in minibatches(run.Xs, run.codes, rows, max(tc.batch_size, 256), run.device):
+            with autocast(run.device):
+                latents.append(model.encode(xb)[0].float().cpu())
+    model.train(was_training)
+    found = latent_clusters(
+        torch.cat(latents).numpy(), run.codes[rows].numpy(), model.n_batches,
+        tc.batch_mean_clusters, seed=run.seed,
+    )  # fmt: skip
+    return Clusters(*(torch.from_numpy(a).to(run.device) for a in found), CLUSTER_SIGMA)
 
 
 def _other_batches(
@@ -417,6 +456,8 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
     stream = np.random.SeedSequence([run.seed, 2, epoch, dist.rank])
     torch.manual_seed(int(stream.generate_state(1)[0]))
     weights = loss_weights(tc, ramp)
+    # Every process finds the same clusters: the same weights and rows, the same seed.
+    clusters = _epoch_clusters(run, ramp, epoch)
     order = run.train_rows[torch.randperm(len(run.train_rows), generator=run.generator)]
     cuda = dev.type == "cuda"
     per_step, correct, seen = [], torch.zeros((), device=dev), 0
@@ -451,7 +492,7 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
             prior = run.targets.index_select(0, rows).to(dev, non_blocking=cuda)
             t_all = run.targets.index_select(0, chunk).to(dev, non_blocking=cuda)
         stats = (z_all, b_all, t_all)
-        loss = model.loss(xb, bb, out, weights, prior, share=share, stats=stats)
+        loss = model.loss(xb, bb, out, weights, prior, share=share, stats=stats, clusters=clusters)
         _step(run, loss.total)
         # This process's parts of the global means; summed over the processes below.
         w = share / dist.world
@@ -469,7 +510,7 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
     losses = losses.cpu()
     recon, adversary, confusion, cycle, batch_mean, mmd = losses.unbind(dim=1)
     total = recon + adversary + weights.confusion * confusion + weights.cycle * cycle
-    total = total + ramp * (tc.batch_mean_weight * batch_mean + tc.mmd_weight * mmd)
+    total = total + ramp * (weights.batch_mean * batch_mean + weights.mmd * mmd)
     losses = torch.cat([losses, total[:, None]], dim=1)  # (steps, terms) as on one process
     _check_finite(losses, epoch, run.n_bad_inputs)
     right, total_seen = counts.tolist()

@@ -1,0 +1,178 @@
+"""Batch means compared within soft clusters of the latent (issue 18).
+
+The whole-batch mean distance asks batches holding different mixtures of cell types to
+have equal means, and so removes biology. Compared within clusters, a composition
+difference costs nothing, a shift of one batch still does, and a cell type that one
+batch alone holds is pulled toward nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from locusformer.alignment import CLUSTER_SIGMA, latent_clusters
+from locusformer.losses import (
+    Clusters,
+    batch_mean_distance,
+    cluster_batch_mean_distance,
+    cluster_responsibilities,
+)
+
+
+def two_types(share_b: float, shift: float, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Two batches of 200; types at +-3 on axis 0; batch 0 half of each, batch 1
+    ``share_b`` of type 0; batch 1 moved by ``shift`` on axis 1."""
+    g = torch.Generator().manual_seed(seed)
+    n = 200
+    kinds = [torch.arange(n) % 2, (torch.arange(n) >= share_b * n).long()]
+    z, batch, kind = [], [], []
+    for b, k in enumerate(kinds):
+        x = torch.randn(n, 4, generator=g) * 0.5
+        x[:, 0] += 6.0 * k - 3.0
+        x[:, 1] += shift * b
+        z.append(x)
+        batch.append(torch.full((n,), b))
+        kind.append(k)
+    order = torch.randperm(2 * n, generator=g)  # as a minibatch is: in random order
+    return torch.cat(z)[order], torch.cat(batch)[order], torch.cat(kind)[order]
+
+
+def by_type(kind: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.one_hot(kind, 2).float()
+
+
+def test_the_estimate_has_no_noise_floor() -> None:
+    # Samples of one distribution in random batches: the batches' means differ by
+    # noise only. The plug-in distance is positive on every draw; the two-half
+    # estimate averages to nearly zero (what is left comes from whitening with a
+    # covariance estimated on the same 64 samples).
+    g = torch.Generator().manual_seed(0)
+    plug, halves = [], []
+    for _ in range(200):
+        z = torch.randn(64, 8, generator=g)
+        batch = torch.randint(0, 4, (64,), generator=g)
+        resp = torch.softmax(torch.randn(64, 3, generator=g), dim=-1)
+        gate = torch.ones(3, 4)
+        plug.append(float(batch_mean_distance(z, batch, 4)))
+        halves.append(float(cluster_batch_mean_distance(z, batch, 4, resp, gate)))
+    plug, halves = np.array(plug), np.array(halves)
+    assert plug.min() > 0
+    assert (halves < 0).mean() > 0.3  # an estimate, not a floor
+    assert abs(halves.mean()) < 0.2 * plug.mean()
+
+
+def test_a_composition_difference_costs_nothing_and_a_shift_still_does() -> None:
+    gate = torch.ones(2, 2)
+    z, batch, kind = two_types(0.9, 0.0)  # batch 1 is 90 % type 0: unequal means
+    skewed_global = batch_mean_distance(z, batch, 2)
+    skewed_within = cluster_batch_mean_distance(z, batch, 2, by_type(kind), gate)
+    z, batch, kind = two_types(0.5, 1.0)  # the same mixture, batch 1 shifted
+    shifted_within = cluster_batch_mean_distance(z, batch, 2, by_type(kind), gate)
+    assert skewed_global > 0.2  # the whole-batch term sees the composition ...
+    assert skewed_within < 0.02  # ... the clusters do not ...
+    assert shifted_within > 0.5  # ... but they see a shift
+
+
+def test_a_type_one_batch_alone_holds_is_pulled_toward_nothing() -> None:
+    z, batch, kind = two_types(1.0, 1.0)  # batch 1 holds type 0 only
+    z.requires_grad_(True)
+    gate = torch.tensor([[1.0, 1.0], [1.0, 0.0]])  # cluster 1 (type 1): batch 1 absent
+    cluster_batch_mean_distance(z, batch, 2, by_type(kind), gate).backward()
+    alone = (kind == 1) & (batch == 0)
+    assert z.grad[alone].abs().max() == 0
+    assert z.grad[kind == 0].abs().max() > 0
+
+
+@pytest.fixture(scope="module")
+def three_groups() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Latents of three groups in two batches, group 2 in batch 0 only, batch 1 moved by
+    less than a group's spread (what the adversary leaves once it has ramped up), all of
+    it away from the origin."""
+    rng = np.random.default_rng(0)
+    centres = rng.normal(0, 1, size=(3, 8)) * 3
+    shift = rng.normal(0, 1, size=8) * 0.15
+    z, batch, group = [], [], []
+    for b, groups in ((0, (0, 1, 2)), (1, (0, 1))):
+        for k in groups:
+            z.append(centres[k] + 5 + b * shift + rng.normal(0, 0.4, size=(80, 8)))
+            batch += [b] * 80
+            group += [k] * 80
+    return np.concatenate(z).astype(np.float32), np.array(batch), np.array(group)
+
+
+def test_clusters_follow_the_groups_and_compare_the_batches_that_hold_them(three_groups):
+    z, batch, group = three_groups
+    found = latent_clusters(z, batch, 2, n_clusters=3, seed=0)
+    gate = found.gate
+    assert found.centroids.shape == (3, 8) and gate.shape == (3, 2)
+    np.testing.assert_allclose(np.linalg.norm(found.centroids, axis=1), 1.0, rtol=1e-5)
+    clusters = Clusters(*(torch.from_numpy(a) for a in found), CLUSTER_SIGMA)
+    home = cluster_responsibilities(torch.from_numpy(z), clusters).numpy().argmax(axis=1)
+    for k in range(3):
+        groups = np.unique(group[home == k])
+        assert len(groups) == 1, f"cluster {k} mixes groups {groups}"
+        if groups[0] < 2:  # both batches hold it: compared
+            assert gate[k].all(), f"cluster {k} of group {groups[0]} is one batch's"
+        else:  # batch 0 alone holds it: batch 1 is not compared there
+            assert gate[k, 0] and not gate[k, 1]
+
+
+def test_more_clusters_than_groups_still_compare_within_a_group(three_groups):
+    z, batch, group = three_groups
+    found = latent_clusters(z, batch, 2, n_clusters=6, seed=0)
+    clusters = Clusters(*(torch.from_numpy(a) for a in found), CLUSTER_SIGMA)
+    resp = cluster_responsibilities(torch.from_numpy(z), clusters).numpy()
+    home = resp.argmax(axis=1)
+    for k in np.unique(home):
+        if found.gate[k].all():  # a cluster that compares the batches holds one group
+            assert len(np.unique(group[home == k])) == 1
+
+
+def test_clusters_are_a_function_of_the_seed(three_groups) -> None:
+    z, batch, _ = three_groups
+    first = latent_clusters(z, batch, 2, n_clusters=4, seed=3)
+    again = latent_clusters(z, batch, 2, n_clusters=4, seed=3)
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_training_with_clusters_resumes_where_it_stopped(tmp_path) -> None:
+    from locusformer.simulate import simulate
+    from locusformer.train import train_corrector
+
+    sim = simulate(n_samples=80, n_loci=40, n_batches=2, n_groups=2, seed=1)
+    labels = [f"b{b}" for b in sim.batch]
+    small = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
+    tc = dict(
+        max_epochs=4, batch_size=32, batch_mean_scope="clusters", batch_mean_clusters=3,
+        adversary_rampup_epochs=1,
+    )  # fmt: skip
+    torch.set_num_threads(1)
+    args = (sim.X, labels, sim.loci, small)
+    whole, history = train_corrector(*args, tc, seed=0, device="cpu", progress=False)
+    assert (history["train_batch_mean"].iloc[1:] > 0).all()
+    ckpt = tmp_path / "ckpt.pt"
+    stop = dict(tc, max_epochs=4)
+
+    class Stop(Exception):
+        pass
+
+    def interrupt(epoch: int, _row: dict) -> None:
+        if epoch == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train_corrector(
+            *args, stop, seed=0, device="cpu", progress=False, checkpoint_path=ckpt,
+            on_epoch_end=interrupt,
+        )  # fmt: skip
+    resumed, _ = train_corrector(
+        *args, stop, seed=0, device="cpu", progress=False, checkpoint_path=ckpt
+    )
+    pairs = zip(
+        whole.module.state_dict().items(), resumed.module.state_dict().values(), strict=True
+    )
+    for (name, a), b in pairs:
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
