@@ -24,7 +24,7 @@ LocusEmbeddingMode = Literal["vector", "affine", "none"]
 Adversary = Literal["confusion", "reversal"]
 DataOnDisk = Literal["auto", "always", "never"]
 Alignment = Literal["shared", "global"]
-BatchMeanScope = Literal["batches", "clusters"]
+BatchMeanScope = Literal["clusters", "batches"]
 
 
 def config_from_dict(cls: type, data: Mapping[str, Any] | None, source: str) -> Any:
