@@ -154,7 +154,6 @@ def test_training_with_clusters_resumes_where_it_stopped(tmp_path) -> None:
     whole, history = train_corrector(*args, tc, seed=0, device="cpu", progress=False)
     assert (history["train_batch_mean"].iloc[1:] > 0).all()
     ckpt = tmp_path / "ckpt.pt"
-    stop = dict(tc, max_epochs=4)
 
     class Stop(Exception):
         pass
@@ -165,11 +164,11 @@ def test_training_with_clusters_resumes_where_it_stopped(tmp_path) -> None:
 
     with pytest.raises(Stop):
         train_corrector(
-            *args, stop, seed=0, device="cpu", progress=False, checkpoint_path=ckpt,
+            *args, tc, seed=0, device="cpu", progress=False, checkpoint_path=ckpt,
             on_epoch_end=interrupt,
         )  # fmt: skip
     resumed, _ = train_corrector(
-        *args, stop, seed=0, device="cpu", progress=False, checkpoint_path=ckpt
+        *args, tc, seed=0, device="cpu", progress=False, checkpoint_path=ckpt
     )
     pairs = zip(
         whole.module.state_dict().items(), resumed.module.state_dict().values(), strict=True

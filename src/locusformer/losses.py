@@ -166,7 +166,8 @@ def cluster_batch_mean_distance(
     z = z.float()
     Z = z.shape[1]
     onehot = F.one_hot(batch, n_batches).float()  # (B, N)
-    gate = gate.float() * (gate.float().sum(dim=-1, keepdim=True) >= 2)  # one batch: none
+    gate = gate.float()
+    gate = gate * (gate.sum(dim=-1, keepdim=True) >= 2)  # a cluster of one batch: none
     w = resp.float()[:, :, None] * onehot[:, None, :] * gate[None]  # (B, K, N)
     # The whitening is that of the samples compared: one in no gated cluster counts 0,
     # so a type one batch alone holds neither moves nor is moved.

@@ -377,7 +377,7 @@ def _run_epoch(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
         return _run_epoch_distributed(run, ramp, epoch)
     model, tc, dev = run.model, run.tc, run.device
     weights = loss_weights(tc, ramp)
-    clusters = _epoch_clusters(run, ramp, epoch)
+    clusters = _epoch_clusters(run, weights, epoch)
     order = run.train_rows[torch.randperm(len(run.train_rows), generator=run.generator)]
     # Per-step losses stay on the device (no sync per step); checked once per epoch.
     per_step, correct, seen = [], 0, 0
@@ -398,9 +398,10 @@ def _run_epoch(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
     return {**_loss_means(losses), "train_disc_acc": float(correct) / max(1, seen)}
 
 
-def _epoch_clusters(run: _Run, ramp: float, epoch: int) -> Clusters | None:
-    """The latent's soft clusters at the start of ``epoch``, when the batch means
-    are compared within clusters (``batch_mean_scope="clusters"``); else None.
+def _epoch_clusters(run: _Run, weights: LossWeights, epoch: int) -> Clusters | None:
+    """The latent's soft clusters at the start of ``epoch``, when the batch means are
+    compared within clusters (``batch_mean_scope="clusters"``) and weigh something in
+    this epoch's ``weights``; else None.
 
     Found on the training rows' latents in eval mode (at most
     :data:`~locusformer.alignment.CLUSTER_MAX_SAMPLES`, drawn from their own seeded stream
@@ -408,7 +409,7 @@ def _epoch_clusters(run: _Run, ramp: float, epoch: int) -> Clusters | None:
     so a run resumed from a checkpoint finds the same clusters.
     """
     tc, model = run.tc, run.model
-    if tc.batch_mean_scope != "clusters" or not loss_weights(tc, ramp).batch_mean:
+    if tc.batch_mean_scope != "clusters" or not weights.batch_mean:
         return None
     rows = run.train_rows
     if len(rows) > CLUSTER_MAX_SAMPLES:
@@ -457,7 +458,7 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
     torch.manual_seed(int(stream.generate_state(1)[0]))
     weights = loss_weights(tc, ramp)
     # Every process finds the same clusters: the same weights and rows, the same seed.
-    clusters = _epoch_clusters(run, ramp, epoch)
+    clusters = _epoch_clusters(run, weights, epoch)
     order = run.train_rows[torch.randperm(len(run.train_rows), generator=run.generator)]
     cuda = dev.type == "cuda"
     per_step, correct, seen = [], torch.zeros((), device=dev), 0
