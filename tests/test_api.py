@@ -151,3 +151,21 @@ def test_the_batch_column_cannot_be_protected(tmp_path) -> None:
         run_train(missing, missing, missing, "b", None, missing, missing, missing, None, 0,
                   protect=["b"])  # fmt: skip
     assert not any(tmp_path.iterdir())
+
+
+def test_a_combined_batch_key_trains_one_batch_per_combination() -> None:
+    torch.set_num_threads(1)
+    sim = simulate(n_samples=40, n_loci=16, n_batches=2, seed=4)
+    var = sim.loci.set_index("gene_id")[["chrom", "start"]]
+    obs = pd.DataFrame(
+        {"lab": [f"l{b}" for b in sim.batch], "run": ["r1", "r2"] * 20},
+        index=[f"c{i}" for i in range(40)],
+    )
+    adata = ad.AnnData(X=sim.X, obs=obs, var=var)
+    model = lf.fit(adata, "lab+run", model=MODEL, training=TRAIN, device="cpu")
+    assert model.batch_names == ["l0+r1", "l0+r2", "l1+r1", "l1+r2"]
+    out = lf.map(adata, model, device="cpu")  # the key is found again from fit
+    assert out.uns["locusformer"]["mapping"]["new_batches"] == []
+    assert "lab+run" not in adata.obs.columns  # the user's AnnData is left as it was
+    with pytest.raises(InputError, match="'lane' of 'lab\\+lane' not found"):
+        lf.fit(adata, "lab+lane")

@@ -15,13 +15,13 @@ from conftest import ROOT
 from locusformer.cli import main
 
 
-def _normalize(tmp_path, matrix_path, sheet_path, *extra):
+def _normalize(tmp_path, matrix_path, sheet_path, *extra, batch_key="batch"):
     out = tmp_path / "out"
     argv = [
         "normalize",
         "--expression", str(matrix_path),
         "--samples", str(sheet_path),
-        "--batch-key", "batch",
+        "--batch-key", batch_key,
         "--value-type", "counts",
         "--min-samples", "1",
         "--out-matrix", str(out / "normalized.parquet"),
@@ -113,6 +113,65 @@ def test_missing_label_column_is_refused(tmp_path, capsys, counts_dataset):
         tmp_path, counts_dataset["matrix_path"], counts_dataset["sheet_path"], "--label-key", "cell"
     )
     _assert_refused(code, out, capsys, "samples.tsv", "label_key column 'cell' not found")
+
+
+def _two_factor_sheet(counts_dataset):
+    """The sheet with the batch split into a protocol and, within it, a plate."""
+    sheet = counts_dataset["sheet"].drop(columns="batch")
+    sheet["protocol"] = ["p1"] * 12 + ["p2"] * 12
+    sheet["plate"] = (["A"] * 6 + ["B"] * 6) * 2
+    sheet.to_csv(counts_dataset["sheet_path"], sep="\t", index=False)
+    return sheet
+
+
+def test_several_batch_columns_make_one_batch_per_combination(tmp_path, counts_dataset):
+    sheet = _two_factor_sheet(counts_dataset)
+    code, out = _normalize(
+        tmp_path, counts_dataset["matrix_path"], counts_dataset["sheet_path"],
+        batch_key="protocol+plate",
+    )  # fmt: skip
+    assert code == 0
+    samples = pd.read_csv(out / "samples.tsv", sep="\t", index_col="sample_id")
+    # The sheet's own columns are kept as they were; the batch is their combination.
+    pd.testing.assert_frame_equal(
+        samples[["group", "protocol", "plate"]], sheet.set_index("sample_id")
+    )
+    expected = sheet["protocol"] + "+" + sheet["plate"]
+    assert samples["protocol+plate"].tolist() == expected.tolist()
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["samples_per_batch"] == {"p1+A": 6, "p1+B": 6, "p2+A": 6, "p2+B": 6}
+
+
+@pytest.mark.parametrize(
+    ("batch_key", "edit", "fragment"),
+    [
+        ("protocol+lane", None, "batch_key column 'lane' of 'protocol+lane' not found"),
+        ("protocol+", None, "empty or repeated column name"),
+        ("plate+plate", None, "empty or repeated column name"),
+        ("protocol+plate", {"plate": ""}, "empty 'plate' for sample(s) 's03'"),
+    ],
+)
+def test_several_batch_columns_refuse_bad_input(
+    tmp_path, capsys, counts_dataset, batch_key, edit, fragment
+):
+    sheet = _two_factor_sheet(counts_dataset)
+    if edit:
+        for column, value in edit.items():
+            sheet.loc[3, column] = value
+        sheet.to_csv(counts_dataset["sheet_path"], sep="\t", index=False)
+    code, out = _normalize(
+        tmp_path, counts_dataset["matrix_path"], counts_dataset["sheet_path"], batch_key=batch_key
+    )
+    _assert_refused(code, out, capsys, "samples.tsv", fragment)
+
+
+def test_a_column_of_a_combined_batch_cannot_be_protected():
+    from locusformer.errors import InputError
+    from locusformer.steps import refuse_protected_batch
+
+    refuse_protected_batch(["cell_line"], "protocol+plate")
+    with pytest.raises(InputError, match="'plate' is the batch column"):
+        refuse_protected_batch(["cell_line", "plate"], "protocol+plate")
 
 
 def test_order_loci_refuses_when_no_gene_is_placed(tmp_path, capsys, counts_dataset):

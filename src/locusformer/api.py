@@ -194,15 +194,14 @@ def fit(
     from locusformer.steps import refuse_protected_batch
     from locusformer.train import train_corrector
 
-    if batch_key not in adata.obs.columns:
-        raise InputError("adata.obs", f"no batch column {batch_key!r}")
+    batches = _batch_values(adata, batch_key)
     refuse_protected_batch(protect, batch_key)
     loci = _loci(adata, annotation, id_type)
     X = _matrix(adata, layer)[:, adata.var_names.get_indexer(loci["gene_id"])]
     obs = adata.obs.astype(str)
     levels = covariate_levels(obs, list(protect), "adata.obs") if protect else None
     trained, _ = train_corrector(
-        X, obs[batch_key].tolist(), loci, model, training, seed=seed, device=device,
+        X, batches, loci, model, training, seed=seed, device=device,
         progress=False, covariates=levels,
     )  # fmt: skip
     trained.record.protect = list(protect)
@@ -233,7 +232,7 @@ def correct(
     frame = pd.DataFrame(_matrix(adata, layer), index=adata.obs_names, columns=adata.var_names)
     X, match = align_genes(frame, model, "adata")
     result = map_query(
-        model, X, adata.obs[batch_key].astype(str).tolist(), reference=reference,
+        model, X, _batch_values(adata, batch_key), reference=reference,
         adapt_epochs=adapt_epochs, seed=seed, device=device,
     )  # fmt: skip
     import anndata as ad
@@ -254,9 +253,22 @@ def correct(
 map = correct
 
 
+def _batch_values(adata: ad.AnnData, batch_key: str) -> list[str]:
+    """Each sample's batch: the ``obs`` column ``batch_key``, or the combination of the
+    ``+``-joined columns it names (as the workflow's sample sheets allow)."""
+    from locusformer.preprocess import combine_batch_columns
+
+    obs = combine_batch_columns(adata.obs, batch_key, "adata.obs")
+    if batch_key not in obs.columns:
+        raise InputError("adata.obs", f"no batch column {batch_key!r}")
+    return obs[batch_key].astype(str).tolist()
+
+
 def _batch_column(adata: ad.AnnData, model: TrainedModel) -> str:
+    from locusformer.preprocess import batch_columns
+
     known = getattr(model, "batch_key", None)
-    if known is not None and known in adata.obs.columns:
+    if known is not None and set(batch_columns(known)) <= set(adata.obs.columns):
         return known
     for column in adata.obs.columns:
         if set(adata.obs[column].astype(str)) & set(model.batch_names):

@@ -135,10 +135,12 @@ def check_covariates(
     covariates: Sequence[str], obs: pd.DataFrame, batch_key: str, source: object
 ) -> None:
     """:class:`InputError` (naming ``source``) unless every covariate is a usable column."""
+    from locusformer.preprocess import batch_columns
+
     if len(set(covariates)) != len(covariates):
         raise InputError("protect", f"columns listed twice: {', '.join(covariates)}")
     for name in covariates:
-        if name == batch_key:
+        if name in batch_columns(batch_key):
             raise InputError("protect", f"{name!r} is the batch column; it cannot be protected")
         if name not in obs.columns:
             raise InputError(source, f"no column {name!r} (named in protect)")

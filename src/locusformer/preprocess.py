@@ -87,7 +87,12 @@ def sample_table(
     The batch (and label) columns must exist and every sample must have a value; both
     sides must list the same samples; a transposed matrix is refused. Only the ids of the
     matrix are needed, so a matrix on disk is not read.
+
+    A ``batch_key`` that joins several columns with ``+`` (``protocol+plate``), and is not
+    itself a column of the sheet, makes each combination of their values one batch: the
+    table gains a column of that name, whose values join the columns' values with ``+``.
     """
+    sheet = combine_batch_columns(sheet, batch_key, sheet_path)
     for key, what in ((batch_key, "batch_key"), (label_key, "label_key")):
         if key and key not in sheet.columns:
             raise InputError(
@@ -129,6 +134,48 @@ def sample_table(
             obs[key] = obs[key].astype("category")
     obs.index.name = "sample_id"
     return obs
+
+
+BATCH_JOIN = "+"
+
+
+def batch_columns(batch_key: str) -> list[str]:
+    """The sheet columns a ``batch_key`` stands for: itself, or the ``+``-joined ones."""
+    if BATCH_JOIN not in batch_key:
+        return [batch_key]
+    return [c.strip() for c in batch_key.split(BATCH_JOIN)]
+
+
+def combine_batch_columns(sheet: pd.DataFrame, batch_key: str, sheet_path: str) -> pd.DataFrame:
+    """``sheet`` with a column ``batch_key`` made from the ``+``-joined columns it names.
+
+    Several technical factors (protocol and plate, lab and run) become one batch per
+    combination, as scIB scores them and as a decoder conditioned on one batch code
+    needs. Nested designs (plates within a protocol) lose nothing by it; a crossed design
+    gets one condition per cell of the design. The sheet's own columns are left as they
+    are; a ``batch_key`` that is a column, or names one column, returns ``sheet`` itself.
+    """
+    if batch_key in sheet.columns or BATCH_JOIN not in batch_key:
+        return sheet
+    columns = batch_columns(batch_key)
+    if any(not c for c in columns) or len(set(columns)) < len(columns):
+        raise InputError(sheet_path, f"batch_key {batch_key!r}: empty or repeated column name")
+    absent = [c for c in columns if c not in sheet.columns]
+    if absent:
+        raise InputError(
+            sheet_path,
+            f"batch_key column {absent[0]!r} of {batch_key!r} not found "
+            f"(columns: {_listing(list(sheet))})",
+        )
+    parts = [sheet[c].astype(str).str.strip() for c in columns]
+    for column, values in zip(columns, parts, strict=True):
+        empty = sheet.index[sheet[column].isna() | (values == "")].tolist()
+        if empty:
+            raise InputError(sheet_path, f"empty {column!r} for sample(s) {_listing(empty)}")
+    combined = parts[0]
+    for values in parts[1:]:
+        combined = combined + BATCH_JOIN + values
+    return sheet.assign(**{batch_key: combined})
 
 
 def _check_orientation(

@@ -25,8 +25,11 @@ from locusformer.train import train_corrector
 def refuse_protected_batch(protect: Sequence[str], batch_key: str) -> None:
     """An InputError when ``protect`` names the batch column: batch would be removed only
     within batch levels, that is, not at all (the baselines refuse it the same way)."""
-    if batch_key in protect:
-        raise InputError("protect", f"{batch_key!r} is the batch column; it cannot be protected")
+    from locusformer.preprocess import batch_columns
+
+    for name in protect:
+        if name in batch_columns(batch_key):
+            raise InputError("protect", f"{name!r} is the batch column; it cannot be protected")
 
 
 def run_train(
