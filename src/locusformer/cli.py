@@ -400,6 +400,7 @@ def _simulate(args: argparse.Namespace) -> None:
         row=args.out_row,
         name=args.name,
         annotation=args.genes,
+        regions=args.out_regions,
     )
     log.info(
         "simulated %d samples x %d genes (%d batches, %d groups), %.1f%% non-zero",

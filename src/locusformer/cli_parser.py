@@ -48,12 +48,19 @@ def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--out-row", default=None, help="one-row datasets sheet (TSV) naming them")
     p.add_argument("--name", default="simulated", help="dataset name in --out-row")
     p.add_argument("--genes", default=None, help="gene table (default: bundled coordinates)")
+    p.add_argument(
+        "--out-regions",
+        default=None,
+        help="segments of a regional batch effect and each batch's shift and scale (TSV)",
+    )
     for field in dataclasses.fields(CountSimulationParams):
         flag = "--" + field.name.replace("_", "-")
-        kind = int if isinstance(getattr(defaults, field.name), int) else float
         default = getattr(defaults, field.name)
+        kind = type(default) if isinstance(default, int | str) else float
         help_ = f"{field.metadata.get('help', '')} (default {default})"
-        p.add_argument(flag, type=kind, default=default, help=help_)
+        p.add_argument(
+            flag, type=kind, default=default, choices=field.metadata.get("choices"), help=help_
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,13 @@ Log-expression follows the location/scale model of ComBat::
 
 for sample i of batch b and group (cell type) k. Group effects sit in contiguous blocks
 of loci, as co-regulated neighbourhoods would, so genomic order carries information.
+
+The batch effect is gene-wise (``batch_effect="gene"``: ``shift[b, g]`` and ``scale[b, g]``
+drawn independently for every gene), regional (``"regional"``: one shift and one scale per
+batch and *segment*, a run of consecutive loci on one chromosome, as position-dependent
+artefacts such as copy number, chromatin or GC content act) or the sum of both
+(``"both"``); :func:`draw_regions` cuts the segments and the simulation returns them with
+each batch's values, the truth a corrector should remove.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 import numpy as np
 import pandas as pd
@@ -29,6 +36,9 @@ from scipy import sparse
 from .atomic import atomic_path
 from .errors import InputError
 
+BatchEffect = Literal["gene", "regional", "both"]
+RegionKind = Literal["segments", "arms"]
+
 
 class Simulation(NamedTuple):
     X: np.ndarray  # (n, L) float32 log-expression with batch effects and noise
@@ -36,6 +46,10 @@ class Simulation(NamedTuple):
     group: np.ndarray  # (n,) int64 group labels 0..n_groups-1
     loci: pd.DataFrame  # L rows in genomic order, columns as produced by preprocessing
     signal: np.ndarray  # (n, L) float32 mu + group effect: no batch effect, no noise
+    # The segments of a regional batch effect and each batch's shift and scale on them
+    # (draw_regions, regional_batch_effect); None for a gene-wise one. Last, with a
+    # default, so that code building or reading the first five fields is unchanged.
+    regions: pd.DataFrame | None = None
 
 
 def simulate(
@@ -52,6 +66,9 @@ def simulate(
     noise: float = 0.5,
     n_chromosomes: int = 3,
     unplaced_fraction: float = 0.05,
+    batch_effect: BatchEffect = "gene",
+    region_size: float = 30.0,
+    region_kind: RegionKind = "segments",
     seed: int = 0,
 ) -> Simulation:
     """Simulate ``n_samples`` x ``n_loci`` log-expression.
@@ -59,7 +76,7 @@ def simulate(
     Parameters
     ----------
     batch_shift
-        Standard deviation of the additive batch effect per batch and gene.
+        Standard deviation of the additive batch effect per batch and gene (or segment).
     batch_scale
         Standard deviation of the log of the multiplicative batch effect.
         ``batch_shift=batch_scale=0`` gives data without any batch effect.
@@ -69,7 +86,25 @@ def simulate(
         Fraction of loci that are markers of some group (in blocks of ``block_size``).
     noise
         Standard deviation of the per-sample noise (before the batch scale).
+    batch_effect
+        ``"gene"``: ``shift`` and ``scale`` independent for every batch and locus.
+        ``"regional"``: constant on each segment of consecutive loci (one chromosome), of
+        the same standard deviations; unplaced loci get none (they have no position).
+        ``"both"``: the gene-wise effect plus the regional one (shifts add, scales
+        multiply). The samples, groups, noise and loci are the same for all three.
+    region_size
+        Mean length of a segment, in loci (lengths vary, a gamma of shape 4).
+    region_kind
+        ``"segments"`` of about ``region_size`` loci, or ``"arms"``: every chromosome
+        cut in two at a point drawn between 30% and 70% of its loci (``region_size``
+        unused).
+
+    Returns
+    -------
+    The simulation; its ``regions`` are :func:`regional_batch_effect`'s table (None for
+    ``batch_effect="gene"``).
     """
+    _check_regional(batch_effect, region_size, region_kind)
     rng = np.random.default_rng(seed)
     batch = np.arange(n_samples) % n_batches
     rng.shuffle(batch)
@@ -87,14 +122,150 @@ def simulate(
 
     signal = mu + effect[group]  # (n, L)
     eps = rng.normal(0.0, noise, size=(n_samples, n_loci))
+    # The loci are the stream's last draw, as before the regional effect existed, and the
+    # segments have a stream of their own: "gene" reproduces the old output bit for bit.
+    loci = simulate_loci(n_loci, n_chromosomes, unplaced_fraction, rng)
+    regions = None
+    if batch_effect != "gene":
+        regions, region_shift, region_scale = regional_batch_effect(
+            loci,
+            [str(b) for b in range(n_batches)],
+            batch_shift,
+            batch_scale,
+            region_size,
+            region_kind,
+            np.random.default_rng([seed, 2]),
+        )
+        if batch_effect == "regional":
+            shift, scale = region_shift, region_scale
+        else:
+            shift, scale = shift + region_shift, scale * region_scale
     X = mu + shift[batch] + scale[batch] * (effect[group] + eps)
     return Simulation(
         X=X.astype(np.float32),
         batch=batch.astype(np.int64),
         group=group.astype(np.int64),
-        loci=simulate_loci(n_loci, n_chromosomes, unplaced_fraction, rng),
+        loci=loci,
         signal=signal.astype(np.float32),
+        regions=regions,
     )
+
+
+def _check_regional(batch_effect: str, region_size: float, region_kind: str) -> None:
+    if batch_effect not in get_args(BatchEffect):
+        raise InputError("simulate batch_effect", f"must be one of {get_args(BatchEffect)}")
+    if region_kind not in get_args(RegionKind):
+        raise InputError("simulate region_kind", f"must be one of {get_args(RegionKind)}")
+    if not region_size >= 1:
+        raise InputError("simulate region_size", f"must be >= 1 locus, got {region_size!r}")
+
+
+def draw_regions(
+    chrom: pd.Series | np.ndarray,
+    region_size: float,
+    kind: RegionKind,
+    rng: np.random.Generator,
+) -> pd.DataFrame:
+    """Cut loci in genomic order into segments of consecutive loci, none across chromosomes.
+
+    Parameters
+    ----------
+    chrom
+        The chromosome of each locus, in genomic order (a chromosome's loci are one run);
+        ``""`` or missing marks an unplaced locus, which no segment holds.
+    region_size
+        Mean segment length in loci for ``kind="segments"``: lengths are
+        ``round(gamma(4, region_size / 4))`` (at least 1), so most lie within a factor of
+        two of the mean; the last segment of a chromosome is cut at its end.
+    kind
+        ``"segments"``, or ``"arms"``: two segments per chromosome, split at a point drawn
+        uniformly between 30% and 70% of its loci (no centromere positions are used).
+
+    Returns
+    -------
+    One row per segment, in genomic order: ``region`` (0, 1, ...), ``chrom``,
+    ``start_index`` and ``end_index`` (the segment's loci are
+    ``start_index <= i < end_index`` in the given order) and ``n_loci``.
+    """
+    names = pd.Series(chrom).fillna("").astype(str).to_numpy()
+    # Runs of one chromosome: a change of name starts a new run.
+    starts = np.flatnonzero(np.r_[True, names[1:] != names[:-1]])
+    ends = np.r_[starts[1:], len(names)]
+    rows = []
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        if not names[a]:
+            continue
+        n = b - a
+        if kind == "arms":
+            cut = a + min(max(round(rng.uniform(0.3, 0.7) * n), 1), n - 1) if n > 1 else b
+            bounds = [(a, cut), (cut, b)] if cut < b else [(a, b)]
+        else:
+            bounds, s = [], a
+            while s < b:
+                e = min(b, s + max(1, round(rng.gamma(4.0, region_size / 4.0))))
+                bounds.append((s, e))
+                s = e
+        rows += [(names[a], s, e) for s, e in bounds]
+    frame = pd.DataFrame(rows, columns=["chrom", "start_index", "end_index"])
+    frame = frame.astype({"start_index": np.int64, "end_index": np.int64})
+    frame.insert(0, "region", np.arange(len(frame), dtype=np.int64))
+    frame["n_loci"] = frame["end_index"] - frame["start_index"]
+    return frame
+
+
+def regional_batch_effect(
+    loci: pd.DataFrame,
+    batch_names: list[str],
+    shift_sd: float,
+    scale_sd: float,
+    region_size: float,
+    kind: RegionKind,
+    rng: np.random.Generator,
+) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """Draw segments (:func:`draw_regions`) and each batch's shift and scale on them.
+
+    Parameters
+    ----------
+    loci
+        In genomic order, with ``gene_id``, ``chrom`` and, if present, ``start``/``end``
+        (base pairs; they name the segments' bounds in the table).
+    batch_names
+        One per batch; they name the table's columns.
+    shift_sd, scale_sd
+        Standard deviations of a segment's shift and of the log of its scale.
+
+    Returns
+    -------
+    regions
+        :func:`draw_regions`'s table plus ``first_gene``, ``last_gene``, ``start_bp`` and
+        ``end_bp`` (when ``loci`` has coordinates), and per batch ``shift_<name>`` and
+        ``scale_<name>``: what the batch adds to, and multiplies, on every locus of the
+        segment.
+    shift, scale
+        (B, L) the same values per locus, in the order of ``loci``; 0 and 1 on loci that
+        no segment holds (unplaced).
+    """
+    regions = draw_regions(loci["chrom"], region_size, kind, rng)
+    B, L, R = len(batch_names), len(loci), len(regions)
+    region_shift = rng.normal(0.0, shift_sd, size=(B, R))
+    region_scale = np.exp(rng.normal(0.0, scale_sd, size=(B, R)))
+    first, last = regions["start_index"].to_numpy(), regions["end_index"].to_numpy() - 1
+    regions["first_gene"] = loci["gene_id"].to_numpy()[first]
+    regions["last_gene"] = loci["gene_id"].to_numpy()[last]
+    if {"start", "end"} <= set(loci.columns):
+        # Only placed loci start or end a segment: no missing coordinate is read.
+        regions["start_bp"] = loci["start"].to_numpy()[first].astype(np.int64)
+        regions["end_bp"] = loci["end"].to_numpy()[last].astype(np.int64)
+    for b, name in enumerate(batch_names):
+        regions[f"shift_{name}"] = region_shift[b]
+    for b, name in enumerate(batch_names):
+        regions[f"scale_{name}"] = region_scale[b]
+    of = np.full(L, R)  # segment of each locus; R: none (a zero shift, a unit scale)
+    for r, (a, e) in enumerate(zip(first, last + 1, strict=True)):
+        of[a:e] = r
+    shift = np.c_[region_shift, np.zeros(B)][:, of]
+    scale = np.c_[region_scale, np.ones(B)][:, of]
+    return regions, shift, scale
 
 
 def simulate_loci(
@@ -136,7 +307,9 @@ def simulate_loci(
 #                   probability dropout[b] / (1 + mean[i, g])
 #
 # ``effect[k]`` is group k's programme: log fold changes on a few genomic neighbourhoods
-# (consecutive genes in genomic order), so locus order carries information.
+# (consecutive genes in genomic order), so locus order carries information. ``shift`` and
+# ``scale`` are gene-wise, regional (constant on segments of consecutive genes) or both,
+# as in :func:`simulate`.
 
 SIM_CHUNK = 4096  # samples per random stream and per written chunk (fixed: reproducible)
 PARQUET_MAX_SAMPLES = 20_000  # parquet holds one column per sample and is written dense
@@ -181,14 +354,37 @@ class CountSimulationParams:
         default=0.5, metadata={"help": "sd of log(depth[b]): batch-wide sequencing depth"}
     )
     batch_shift: float = field(
-        default=0.5, metadata={"help": "sd of shift[b, g]: per-gene log fold change of a batch"}
+        default=0.5,
+        metadata={"help": "sd of shift[b, g]: log fold change of a batch, per gene or segment"},
     )
     batch_scale: float = field(
-        default=0.3, metadata={"help": "sd of log(scale[b, g]): batch scaling of group effects"}
+        default=0.3,
+        metadata={
+            "help": "sd of log(scale[b, g]): batch scaling of group effects, per gene or segment"
+        },
     )
     dropout: float = field(
         default=0.3,
         metadata={"help": "mean dropout rate of a batch at zero mean (0.5x to 1.5x by batch)"},
+    )
+    batch_effect: BatchEffect = field(
+        default="gene",
+        metadata={
+            "help": "shift and scale per gene ('gene'), per segment of consecutive genes on "
+            "one chromosome ('regional': position-dependent artefacts) or both added",
+            "choices": get_args(BatchEffect),
+        },
+    )
+    region_size: float = field(
+        default=30.0, metadata={"help": "mean length of a regional segment, in genes"}
+    )
+    region_kind: RegionKind = field(
+        default="segments",
+        metadata={
+            "help": "regional segments of about region_size genes, or 'arms': each "
+            "chromosome cut in two between 30 and 70 percent of its genes",
+            "choices": get_args(RegionKind),
+        },
     )
     seed: int = field(default=0, metadata={"help": "one seed for everything drawn"})
 
@@ -213,6 +409,7 @@ class CountSimulationParams:
         for name, ok in checks.items():
             if not ok:
                 raise InputError(f"simulate {name}", f"invalid value {getattr(self, name)!r}")
+        _check_regional(self.batch_effect, self.region_size, self.region_kind)
 
 
 @dataclass
@@ -231,6 +428,10 @@ class CountSimulation:
     dropout: np.ndarray  # (B,)
     batch_code: np.ndarray  # (n,) int
     group_code: np.ndarray  # (n,) int
+    # Segments of a regional batch effect (regional_batch_effect's table; indices in
+    # genomic order, not the output order) with each batch's shift and scale; None when
+    # the effect is gene-wise.
+    regions: pd.DataFrame | None = None
 
     def chunks(self, size: int = SIM_CHUNK) -> Iterator[tuple[int, sparse.csr_matrix]]:
         """Yield ``(first_row, counts)`` blocks of samples x genes float32 CSR counts.
@@ -265,7 +466,7 @@ class CountSimulation:
         programme = {
             g: self.genes.loc[self.effect[i] != 0, "gene_id"].tolist() for i, g in enumerate(groups)
         }
-        return {
+        truth: dict[str, Any] = {
             "params": dataclasses.asdict(self.params),
             "model": (
                 "count ~ NB(base[g] * library[i] * depth[b] * exp(shift[b,g] + "
@@ -287,6 +488,25 @@ class CountSimulation:
                 for i, name in enumerate(groups)
             },
         }
+        if self.regions is not None:
+            # One record per segment; shifts and scales as {batch: value}.
+            truth["regions"] = [
+                {
+                    **{k: v for k, v in row.items() if not k.startswith(("shift_", "scale_"))},
+                    "shift": {b: row[f"shift_{b}"] for b in batches},
+                    "scale": {b: row[f"scale_{b}"] for b in batches},
+                }
+                for row in _plain_records(self.regions)
+            ]
+        return truth
+
+
+def _plain_records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rows as dicts of Python scalars (numpy's are not JSON)."""
+    return [
+        {k: v.item() if hasattr(v, "item") else v for k, v in row.items()}
+        for row in frame.to_dict(orient="records")
+    ]
 
 
 def _pick_genes(annotation: str | os.PathLike, n_genes: int, rng: np.random.Generator):
@@ -365,6 +585,22 @@ def simulate_counts(
     scale = np.exp(rng.normal(0.0, p.batch_scale, size=(B, G)))
     log_depth = rng.normal(0.0, p.batch_depth, size=B)
     dropout = np.clip(p.dropout * rng.uniform(0.5, 1.5, size=B), 0.0, 0.99)
+    regions = None
+    if p.batch_effect != "gene":
+        # A stream of its own: the rest of the data set is the same whatever the effect.
+        regions, region_shift, region_scale = regional_batch_effect(
+            genes,
+            [f"batch{b + 1}" for b in range(B)],
+            p.batch_shift,
+            p.batch_scale,
+            p.region_size,
+            p.region_kind,
+            np.random.default_rng([p.seed, 2]),
+        )
+        if p.batch_effect == "regional":
+            shift, scale = region_shift, region_scale
+        else:
+            shift, scale = shift + region_shift, scale * region_scale
 
     # Batches of unequal size, each with its own mix of groups.
     batch_share = rng.dirichlet(np.full(B, 5.0))
@@ -399,6 +635,7 @@ def simulate_counts(
         dropout=dropout,
         batch_code=batch_code.astype(np.int64),
         group_code=group_code.astype(np.int64),
+        regions=regions,
     )
 
 
@@ -468,18 +705,26 @@ def write_simulation(
     row: str | os.PathLike | None = None,
     name: str = "simulated",
     annotation: str | os.PathLike | None = None,
+    regions: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Write counts, the sample sheet (``sample_id``, ``batch``, ``group``: the truth) and
-    optionally the truth JSON and a one-row datasets sheet (``config/datasets.tsv``
-    format) naming them. Paths in the row are written as given."""
+    optionally the truth JSON, a one-row datasets sheet (``config/datasets.tsv`` format)
+    naming them and, for a regional batch effect, the segments with each batch's shift and
+    scale as a TSV (``regions``; the truth JSON holds them too). Paths in the row are
+    written as given."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name.startswith("-"):
         raise InputError("simulate name", f"{name!r}: use letters, digits, '_', '.', '-'")
+    if regions is not None and sim.regions is None:
+        raise InputError("simulate --out-regions", "the batch effect is gene-wise: no regions")
     stats = write_counts(sim, expression)
     with atomic_path(samples) as tmp:
         sim.samples.to_csv(tmp, sep="\t", index=False)
     if truth is not None:
         with atomic_path(truth) as tmp:
             tmp.write_text(json.dumps({**sim.truth(), **stats}, indent=1) + "\n")
+    if regions is not None:
+        with atomic_path(regions) as tmp:
+            sim.regions.to_csv(tmp, sep="\t", index=False)
     if row is not None:
         sheet = pd.DataFrame(
             [
