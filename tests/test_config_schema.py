@@ -23,6 +23,8 @@ SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text
 SECTIONS = {"model": ModelConfig, "training": TrainConfig}
 # A float may also be a string (YAML reads 1e-3 as one); config_from_dict converts it.
 TYPES = {bool: "boolean", int: "integer", float: ["number", "string"], str: "string"}
+# Values a model key also takes, from configs written before it was a choice of strings.
+LEGACY = {"positional_encoding": {True: "sinusoidal", False: "none"}}
 
 
 def _properties(key: str) -> dict:
@@ -49,11 +51,14 @@ def test_every_field_is_in_the_schema_with_its_type_default_and_choices(key):
     literals = choices(cls)
     for name, field in fields.items():
         prop = properties[name]
-        assert prop["type"] == TYPES[_kind(cls, name)], name
+        legacy = list(LEGACY.get(name, {})) if cls is ModelConfig else []
+        kind = TYPES[_kind(cls, name)]
+        assert prop["type"] == ([kind, "boolean"] if legacy else kind), name
         assert prop["default"] == field.default and type(prop["default"]) is type(field.default), (
             name
         )
-        assert prop.get("enum") == (list(literals[name]) if name in literals else None), name
+        enum = list(literals[name]) + legacy if name in literals else None
+        assert prop.get("enum") == enum, name
         assert prop.get("description"), name
 
 
@@ -109,6 +114,13 @@ def test_a_float_written_as_a_string_passes_both():
     assert not jsonschema.Draft202012Validator(prop).is_valid("-1e-3")
     assert not jsonschema.Draft202012Validator(prop).is_valid("fast")
     assert TrainConfig.from_dict({"lr": "1e-3"}).lr == 1e-3
+
+
+def test_legacy_values_pass_both_and_mean_the_choice():
+    for name, meaning in LEGACY.items():
+        for old, new in meaning.items():
+            assert jsonschema.Draft202012Validator(_properties("model")[name]).is_valid(old)
+            assert getattr(ModelConfig.from_dict({name: old}), name) == new
 
 
 def test_the_schema_defaults_build_the_dataclass_defaults():

@@ -101,7 +101,12 @@ def test_without_position_identity_or_chromosome_the_encoder_is_permutation_equi
 
 @pytest.mark.parametrize(
     "switch",
-    [{"positional_encoding": True}, {"chromosome_embedding": True}, {"locus_embedding": "vector"}],
+    [
+        {"positional_encoding": True},
+        {"positional_encoding": "learned"},
+        {"chromosome_embedding": True},
+        {"locus_embedding": "vector"},
+    ],
 )
 def test_each_identity_signal_breaks_equivariance(switch: dict) -> None:
     off = {"positional_encoding": False, "chromosome_embedding": False, "locus_embedding": "none"}
@@ -226,6 +231,72 @@ def test_batch_mean_distance_is_scale_free_and_zero_for_equal_means() -> None:
     one_batch = torch.zeros(40, dtype=torch.long)
     assert batch_mean_distance(z, one_batch, 2).item() == pytest.approx(0.0, abs=1e-10)
     assert batch_mmd(z, batch, 2).item() >= -1e-6
+
+
+@pytest.mark.parametrize("mode", ["sinusoidal", "learned", "none"])
+def test_each_positional_encoding_builds_and_trains_one_step(mode: str) -> None:
+    sim = simulate(n_samples=32, n_loci=40, seed=4)
+    torch.manual_seed(0)
+    model = LocusFormer(tiny_config(positional_encoding=mode), build_layout(sim.loci, 2), 2)
+    embed = model.embed
+    assert (embed.position_encoding is not None) == (mode == "sinusoidal")
+    assert (embed.position_embedding is not None) == (mode == "learned")
+    if mode == "learned":
+        weight = embed.position_embedding.weight
+        assert weight.shape == (model.n_tokens, 16)
+        assert 0.01 < weight.std().item() < 0.04  # small beside the value projection
+        before = weight.detach().clone()
+    x = torch.from_numpy(sim.X)
+    model.set_standardization(x.mean(0), x.std(0))
+    x, batch = model.standardize(x), torch.from_numpy(sim.batch) % 2
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    loss = F.mse_loss(model(x, batch).recon, x)
+    loss.backward()
+    optimizer.step()
+    assert torch.isfinite(loss)
+    if mode == "learned":
+        assert not torch.equal(embed.position_embedding.weight, before)  # it is trained
+
+
+def test_boolean_positional_encoding_of_old_configs_still_means_the_same() -> None:
+    assert ModelConfig.from_dict({"positional_encoding": True}).positional_encoding == "sinusoidal"
+    assert ModelConfig.from_dict({"positional_encoding": False}).positional_encoding == "none"
+    assert ModelConfig(positional_encoding=False) == ModelConfig(positional_encoding="none")
+    assert ModelConfig().positional_encoding == "sinusoidal"
+    with pytest.raises(InputError, match="positional_encoding"):
+        ModelConfig.from_dict({"positional_encoding": "rotary"})
+    with pytest.raises(InputError, match="positional_encoding"):
+        ModelConfig.from_dict({"positional_encoding": 1})
+
+
+@pytest.mark.parametrize(
+    ("mode", "written"), [("learned", "learned"), ("sinusoidal", True), ("none", False)]
+)
+def test_a_saved_model_loads_with_its_positional_encoding(tmp_path, mode, written) -> None:
+    import json
+
+    from locusformer.checkpoint import load_model, save_model
+    from locusformer.correct import correct
+    from locusformer.train import train_corrector
+
+    sim = simulate(n_samples=40, n_loci=40, n_batches=2, seed=5)
+    labels = [f"b{b}" for b in sim.batch]
+    config = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
+    model, _ = train_corrector(
+        sim.X, labels, sim.loci, {**config, "positional_encoding": mode},
+        {"max_epochs": 2, "batch_size": 20, "val_fraction": 0.0},
+        seed=0, device="cpu", progress=False,
+    )  # fmt: skip
+    save_model(model, tmp_path / "m.pt", tmp_path / "m.json")
+    # A model saved before the choice holds a bool: write one as such.
+    record = json.loads((tmp_path / "m.json").read_text())
+    record["model_config"]["positional_encoding"] = written
+    (tmp_path / "m.json").write_text(json.dumps(record))
+    loaded = load_model(tmp_path / "m.pt", tmp_path / "m.json")
+    assert loaded.config.positional_encoding == mode
+    expected, _ = correct(model, sim.X, labels, device="cpu")
+    again, _ = correct(loaded, sim.X, labels, device="cpu")
+    np.testing.assert_array_equal(again, expected)
 
 
 def test_config_dicts() -> None:

@@ -112,14 +112,30 @@ class ModelConfig:
     mlp_ratio: int = 4  # width of the feed-forward layer, in multiples of d_model
     position_scale: PositionScale = "rank"  # token index, or genomic start
     coordinate_unit: float = 1e6  # base pairs per unit of position when "coordinate"
-    positional_encoding: bool = True  # sinusoidal encoding of the token's position
+    # How the token's position enters: the sinusoidal encoding of position_scale's
+    # position, a learned vector per token index, or not at all. True and False are what
+    # configs and saved models from before the choice hold: "sinusoidal" and "none".
+    positional_encoding: Literal["sinusoidal", "learned", "none"] = "sinusoidal"
     chromosome_embedding: bool = True  # learned embedding of the token's chromosome
     locus_embedding: LocusEmbeddingMode = "vector"  # how a locus's identity enters
     decoder_hidden: int = 256
     discriminator_hidden: int = 64
 
+    @staticmethod
+    def _legacy_position(value: Any) -> Any:
+        """``positional_encoding`` of an old config (a bool) as the choice it meant."""
+        if isinstance(value, bool):
+            return "sinusoidal" if value else "none"
+        return value
+
+    def __post_init__(self) -> None:
+        self.positional_encoding = self._legacy_position(self.positional_encoding)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> ModelConfig:
+        data = dict(data or {})
+        if "positional_encoding" in data:
+            data["positional_encoding"] = cls._legacy_position(data["positional_encoding"])
         return config_from_dict(cls, data, "model config")
 
     def to_dict(self) -> dict[str, Any]:

@@ -116,8 +116,9 @@ class LocusEmbedding(nn.Module):
     gene's value enters the token (its identity). "affine" instead gives each locus a
     learned scale and bias applied to its value before the shared projection, "none"
     keeps only the shared projection (then the tokens know nothing of which genes they
-    hold beyond position and chromosome). The token then gets the sinusoidal encoding of
-    its position and the embedding of its chromosome.
+    hold beyond position and chromosome). The token then gets its position
+    (``positional_encoding``: the sinusoidal encoding of ``token_position``, or a learned
+    vector per token index) and the embedding of its chromosome.
     """
 
     def __init__(self, config: ModelConfig, layout: LocusLayout):
@@ -140,11 +141,22 @@ class LocusEmbedding(nn.Module):
         self.chrom_embedding = (
             nn.Embedding(N_CHROMOSOME_CODES, D) if config.chromosome_embedding else None
         )
-        if config.positional_encoding:
+        position = config.positional_encoding
+        if isinstance(position, bool):  # a config object from before the choice
+            position = "sinusoidal" if position else "none"
+        if position == "sinusoidal":
             pe = sinusoidal_encoding(layout.token_position, D)
             self.register_buffer("position_encoding", pe, persistent=False)  # (T, D)
         else:
             self.position_encoding = None
+        if position == "learned":
+            # By token index, whatever position_scale says: the layout fixes T. Small at
+            # the start (as GPT-2's), so the tokens' values dominate early training; an
+            # embedding, so the optimizer does not decay it (linear weights only).
+            self.position_embedding = nn.Embedding(T, D)
+            nn.init.normal_(self.position_embedding.weight, std=0.02)
+        else:
+            self.position_embedding = None
 
     def patchify(self, x: Tensor) -> Tensor:
         """(B, L) -> (B, T, P), padding slots 0 (the gene mean after standardization)."""
@@ -161,6 +173,8 @@ class LocusEmbedding(nn.Module):
             h = h + torch.einsum("btp,tpd->btd", patches, self.locus_vector.to(h.dtype))
         if self.position_encoding is not None:
             h = h + self.position_encoding.to(h.dtype)
+        if self.position_embedding is not None:
+            h = h + self.position_embedding.weight.to(h.dtype)  # (T, D), token t's row t
         if self.chrom_embedding is not None:
             h = h + self.chrom_embedding(self.token_chrom)  # (T, D) broadcast over B
         return h
