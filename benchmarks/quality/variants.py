@@ -5,7 +5,8 @@ Prepares each task once with the workflow's own normalize and order-loci rules (
 variant, seed) to ``--work``/results.tsv: batch, bio and total as the workflow's metrics
 compute them, and the seconds (train + correct; they depend on the machine's load). A
 variant is JSON: ``{"training": {...}, "model": {...}, "protect": "cell_line"}``, with an
-optional ``"name"`` that stands for it in the table.
+optional ``"name"`` that stands for it in the table. Every metric of each row goes to
+``--work``/details.tsv (task, method, seed, metric, value).
 
     .venv/bin/python benchmarks/quality/variants.py --tasks cellbench5_inner --seeds 0 \\
         --variant '{}' --variant '{"training": {"alignment": "shared"}}'
@@ -85,6 +86,9 @@ def run(task: str, seeds: list[int], variants: list[str], baselines: bool, work:
         print(line, flush=True)
         with open(out, "a") as fh:
             fh.write(line + "\n")
+        # Every metric (isolated labels among them: the plate-only lines kept apart).
+        with open(work / "details.tsv", "a") as fh:
+            fh.writelines(f"{task}\t{method}\t{seed}\t{k}\t{x}\n" for k, x in v.items())
 
     for seed in seeds:
         if baselines:
