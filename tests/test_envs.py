@@ -75,7 +75,8 @@ def test_the_baselines_env_has_every_baseline_the_schema_allows():
 def test_torch_is_only_in_the_env_of_the_rules_that_run_the_model():
     for name, rule in rules().items():
         has_torch = "torch" in env_packages(rule["env"])
-        assert has_torch == (rule["command"] in {"train", "correct", "attention", "map"}), name
+        model_commands = {"train", "correct", "attention", "inspect", "map"}
+        assert has_torch == (rule["command"] in model_commands), name
 
 
 def test_every_command_finds_the_workflows_package_without_an_inherited_pythonpath():

@@ -149,6 +149,50 @@ def test_inspect_on_the_command_line(model_files: dict, capsys, one_thread) -> N
     assert embedding["shape"] == [2, result["model"]["n_tokens"], 16]
 
 
+def test_a_seed_draws_the_samples_at_random_the_same_each_time(model_files: dict) -> None:
+    d = model_files
+    args = ["inspect", "--model", str(d["model"]), "--matrix", str(d["matrix"]), "--json"]
+    drawn = []
+    for seed in (0, 0, 1):
+        out = d["dir"] / f"seed{seed}.json"
+        assert main([*args, "--n-samples", "3", "--seed", str(seed), "--out", str(out)]) == 0
+        drawn.append(json.loads(out.read_text()))
+    first, again, other = (r["samples"] for r in drawn)
+    assert first == again and first != other and len(set(first)) == 3
+    assert first == sorted(first, key=lambda s: int(s[1:]))  # in the matrix's order
+    assert drawn[0]["seed"] == 0 and drawn[0]["runs"] == drawn[1]["runs"]
+    sheet = d["dir"] / "sheet.tsv"
+    pd.DataFrame({"sample_id": ["c7", "c3", "c9", "c1"]}).to_csv(sheet, sep="\t", index=False)
+    out, text = d["dir"] / "sheet.json", d["dir"] / "sheet.txt"
+    picked = [*args, "--samples", str(sheet), "--n-samples", "2", "--seed", "0"]
+    assert main([*picked, "--out", str(out), "--out-text", str(text)]) == 0
+    ids = json.loads(out.read_text())["samples"]
+    assert len(ids) == 2 and set(ids) <= {"c7", "c3", "c9", "c1"}  # the sheet's, in its order
+    assert ids == [i for i in ["c7", "c3", "c9", "c1"] if i in ids]
+    assert "first non-finite value: none" in text.read_text() and "2 samples" in text.read_text()
+
+
+def test_the_drawn_rows_are_read_across_blocks(tmp_path: Path, monkeypatch, one_thread) -> None:
+    import pyarrow.parquet as pq
+
+    import locusformer.parquet
+    from locusformer.trace import read_rows
+
+    model, X = make_model()
+    X = np.concatenate([X, X + 1, X + 2])  # 30 samples
+    ids = pd.Index([f"c{i}" for i in range(len(X))], name="sample_id")
+    monkeypatch.setattr(locusformer.parquet, "ROW_GROUP_BYTES", 4 * 7 * X.shape[1])  # 7 rows
+    write_matrix_parquet(tmp_path / "m.parquet", X, ids, model.gene_ids)
+    assert pq.ParquetFile(tmp_path / "m.parquet").metadata.num_row_groups == 5
+    picked, values = read_rows(tmp_path / "m.parquet", model, 6, seed=5)
+    rows = [int(i[1:]) for i in picked]
+    assert rows == sorted(rows) and len(set(rows)) == 6 and max(rows) >= 7  # past one block
+    np.testing.assert_array_equal(values, X[rows])
+    first, values = read_rows(tmp_path / "m.parquet", model, 9)  # no seed: the first rows
+    assert first == [f"c{i}" for i in range(9)]
+    np.testing.assert_array_equal(values, X[:9])
+
+
 def test_inspect_refuses_bad_input_in_one_line(model_files: dict, capsys) -> None:
     d = model_files
     sheet = d["dir"] / "sheet.tsv"

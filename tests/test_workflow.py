@@ -38,7 +38,7 @@ def test_dry_run_of_the_default_config_shows_the_rule_chain():
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    for rule in ("normalize", "order_loci", "train", "correct"):
+    for rule in ("normalize", "order_loci", "train", "correct", "inspect", "report"):
         assert rule in result.stdout
 
 
@@ -204,8 +204,12 @@ def test_end_to_end_on_a_tiny_real_dataset(tiny_run):
     assert latent.shape == (len(ordered), 8)
     history = pd.read_csv(out / "model" / "history.tsv", sep="\t")
     assert 1 <= len(history) <= 3
-    for rule in ("normalize", "order_loci", "train", "correct"):
+    for rule in ("normalize", "order_loci", "train", "correct", "inspect"):
         assert (workdir / "benchmarks" / "out" / "tiny" / f"{rule}.tsv").exists()
+    trace = json.loads((out / "inspect.json").read_text())
+    assert len(trace["samples"]) == 8 and trace["seed"] == 7  # .test/config: seed 7
+    assert [run["first_nonfinite"] for run in trace["runs"]] == [None, None]
+    assert "first non-finite value: none" in (out / "inspect.txt").read_text()
     metrics = pd.read_csv(out / "metrics.tsv", sep="\t")
     assert set(metrics["method"]) == {
         "uncorrected",
@@ -219,6 +223,7 @@ def test_end_to_end_on_a_tiny_real_dataset(tiny_run):
     assert len(ok) == 5 and ok[["batch", "bio", "total", "wall_s"]].notna().all().all()
     html = (out / "report.html").read_text(encoding="utf-8")
     assert "locusformer" in html and "harmony" in html
+    assert '<section id="trace">' in html and 'id="trace-layer-0"' in html
     index = (workdir / "results" / "index.html").read_text(encoding="utf-8")
     assert 'href="tiny/report.html"' in index
     assert sorted(p.name for p in (out / "figures").glob("*.png"))[:2] == [

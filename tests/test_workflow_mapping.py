@@ -83,6 +83,12 @@ def test_a_row_naming_a_dataset_is_planned_as_map_after_that_datasets_training(t
     assert "--mapping results/query/mapping.json" in report
     assert "--history results/ref/model/history.tsv" in report and "--attention" not in report
     assert "benchmarks/out/query/map.tsv" in report and "query/train.tsv" not in report
+    # The trace is the trained model's, in the reference's report only.
+    [inspect] = _commands(result.stdout, "inspect")
+    assert "--model results/ref/model --matrix results/ref/ordered.parquet" in inspect
+    assert "--trace" not in report and "query/inspect.tsv" not in report
+    [ref_report] = [c for c in _commands(result.stdout, "report") if "--dataset ref" in c]
+    assert "--trace results/ref/inspect.json" in ref_report
 
 
 def test_a_row_naming_a_model_folder_maps_onto_its_files(tmp_path):
@@ -99,6 +105,7 @@ def test_a_row_naming_a_model_folder_maps_onto_its_files(tmp_path):
     assert "--model-name trained/model" in mapped
     [report] = _commands(result.stdout, "report")
     assert "--history trained/model/history.tsv" in report
+    assert not _commands(result.stdout, "inspect") and "--trace" not in report
 
 
 # The tiny run: 113 CellBench cells x 600 genes (.test/data), halved. The reference is one

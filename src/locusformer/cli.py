@@ -217,17 +217,19 @@ def _attention(args: argparse.Namespace) -> None:
 @_command("inspect")
 def _inspect(args: argparse.Namespace) -> None:
     from .atomic import write_text
-    from .trace import run_inspect
+    from .trace import dump_trace, format_trace, inspect_model
 
-    text = run_inspect(
+    result = inspect_model(
         args.model, args.matrix, args.samples, n_samples=args.n_samples,
-        sample_column=args.sample_column, device=args.device, as_json=args.json,
-        naive=args.naive_rows,
+        sample_column=args.sample_column, seed=args.seed, device=args.device,
     )  # fmt: skip
+    text = dump_trace(result) if args.json else format_trace(result, naive=args.naive_rows)
     if args.out:
         write_text(args.out, text)
     else:
         sys.stdout.write(text)
+    if args.out_text:  # the same trace as text too: the workflow keeps both forms
+        write_text(args.out_text, format_trace(result, naive=args.naive_rows))
 
 
 # -- scoring and reports -------------------------------------------------------------------
@@ -360,6 +362,7 @@ def _report(args: argparse.Namespace) -> None:
         benchmark_files=benchmarks,
         confounding_json=args.confounding,
         mapping_json=args.mapping,
+        trace_json=args.trace,
         config=args.config,
         seed=args.seed,
         batch_key=args.batch_key,

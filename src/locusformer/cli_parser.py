@@ -200,10 +200,15 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--sample-column", default=None, help="sample id column of the sheet")
     p.add_argument("--n-samples", type=int, default=4)
+    p.add_argument(
+        "--seed", type=int, default=None,
+        help="draw the --n-samples at random with this seed (default: the first ones)",
+    )  # fmt: skip
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--json", action="store_true", help="JSON for machines instead of text")
     p.add_argument("--naive-rows", action="store_true", help="list the naive softmax's steps too")
     p.add_argument("--out", default=None, help="write the trace here (default: stdout)")
+    p.add_argument("--out-text", default=None, help="also write the trace as text here")
 
     p = commands.add_parser("baseline", help="run an established method on the data")
     # baselines.METHODS, spelled out so that --help does not import numpy and anndata
@@ -270,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark", action="append", help="RULE=benchmark.tsv")
     p.add_argument("--confounding", default=None, help="confounding.json (design check)")
     p.add_argument("--mapping", default=None, help="mapping.json of map (a mapped dataset)")
+    p.add_argument("--trace", default=None, help="inspect.json of inspect --json (the trace)")
     p.add_argument("--config", type=_json_arg, default={}, help="the run's configuration (JSON)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--batch-key", required=True)

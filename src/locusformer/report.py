@@ -6,9 +6,9 @@ e-mail attachment) anywhere. Every user-provided name is escaped (jinja2 autoesc
 figures, matplotlib's mathtext ``$`` is escaped too).
 
 This module renders: the sections come assembled from the workflow's outputs by
-:mod:`locusformer.report_sections` (the attention's by :mod:`locusformer.report_attention`),
-with their figures drawn by :mod:`locusformer.report_figures`, and go into the jinja2
-templates here.
+:mod:`locusformer.report_sections` (the attention's by :mod:`locusformer.report_attention`,
+the attention traced step by step by :mod:`locusformer.report_trace`), with their figures
+drawn by :mod:`locusformer.report_figures`, and go into the jinja2 templates here.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from locusformer.report_sections import (
     runtime_section,
     summary_section,
 )
+from locusformer.report_trace import trace_section
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 VERSION_PACKAGES = (
@@ -127,6 +128,7 @@ def render_dataset_report(
     benchmark_files: Mapping[str, Paths] | None = None,
     confounding_json: PathLike | None = None,
     mapping_json: PathLike | None = None,
+    trace_json: PathLike | None = None,
     config: Mapping[str, Any] | None = None,
     seed: int | None = None,
     batch_key: str = "batch",
@@ -145,7 +147,10 @@ def render_dataset_report(
     the design check of :mod:`locusformer.confounding` (a confounded design is stated at
     the top of the report); ``mapping_json``, for a dataset mapped onto a trained model
     instead of trained (``locusformer map``), says at the top which model and which
-    batches were new; ``embedding`` is ``"auto"`` (UMAP from
+    batches were new; ``trace_json``, the ``inspect.json`` of ``locusformer inspect
+    --json``, is the attention traced step by step (without it the report has no such
+    section, except for a mapped dataset, whose section says the trace is its model's);
+    ``embedding`` is ``"auto"`` (UMAP from
     :data:`~locusformer.report_sections.UMAP_MIN_SAMPLES` samples on, else PCA),
     ``"umap"`` or ``"pca"``.
     """
@@ -164,15 +169,17 @@ def render_dataset_report(
         if config
         else ""
     )
+    mapping = mapping_section(mapping_json)
     sections = {
         "summary": summary_section(stats_json, obs, batch_key, label_key),
         "confounding": confounding_section(confounding_json),
-        "mapping": mapping_section(mapping_json),
+        "mapping": mapping,
         "loci": loci_section(loci_parquet),
         "history": history_section(history_tsv),
         "embeddings": emb_section,
         "metrics": metrics_section(metrics_tsv, emb_section.get("names")),
         "attention": attention_section(attention_npz),
+        "trace": trace_section(trace_json, mapping.get("model")),
         "runtime": runtime_section(benchmark_files),
     }
     if figures_dir is not None:

@@ -372,15 +372,20 @@ def read_rows(
     n_samples: int,
     samples_path: str | os.PathLike | None = None,
     sample_column: str | None = None,
+    seed: int | None = None,
 ) -> tuple[list[str], np.ndarray]:
     """Ids and values (k, L) of the samples to trace from an ordered matrix (parquet).
 
     The first ``n_samples`` rows, or, with a sample sheet, the first ``n_samples`` of the
-    sheet's samples, which must all be in the matrix. Blocks are read until they are found.
+    sheet's samples, which must all be in the matrix. With ``seed``, ``n_samples`` drawn
+    at random (in the order of the sheet, or of the matrix without one) instead of the
+    first: the first rows of a matrix often all come from one batch. Blocks are read until
+    they are found.
     """
     if n_samples < 1:
         raise InputError("--n-samples", f"must be >= 1, got {n_samples}")
     handle, genes = open_matrix_parquet(matrix_path, "ordered matrix")
+    n_rows = handle.metadata.num_rows
     handle.close()
     if model.gene_ids is not None and genes != model.gene_ids:
         raise InputError(
@@ -388,23 +393,64 @@ def read_rows(
             f"gene columns differ from the {model.n_loci} loci the model was trained on "
             "(same genes in the same order required)",
         )
+    rng = None if seed is None else np.random.default_rng(seed)
+    # Without a sheet, rows are chosen by position: no list of every id is needed.
     wanted: list[str] | None = None
+    positions: np.ndarray | None = None
     if samples_path is not None:
         from locusformer.io import read_sample_sheet
 
-        wanted = read_sample_sheet(samples_path, sample_column).index[:n_samples].tolist()
+        pool = read_sample_sheet(samples_path, sample_column).index.astype(str).tolist()
+        wanted = pool[:n_samples]
+        if rng is not None:
+            drawn = rng.choice(len(pool), size=min(n_samples, len(pool)), replace=False)
+            wanted = [pool[i] for i in np.sort(drawn)]
+    elif rng is not None:
+        positions = np.sort(rng.choice(n_rows, size=min(n_samples, n_rows), replace=False))
+    else:
+        positions = np.arange(min(n_samples, n_rows))
     found: dict[str, np.ndarray] = {}
+    done = 0
     for block in iter_matrix_parquet(matrix_path, "ordered matrix"):
-        keep = block.index if wanted is None else block.index.intersection(wanted)
-        for sample_id in keep:
+        if positions is not None:
+            lo, hi = np.searchsorted(positions, [done, done + len(block)])
+            rows = block.iloc[positions[lo:hi] - done]
+            found.update(zip(rows.index, rows.to_numpy(dtype=np.float32), strict=True))
+            done += len(block)
+            if hi == len(positions):
+                break
+            continue
+        for sample_id in block.index.intersection(wanted):
             found[sample_id] = block.loc[sample_id].to_numpy(dtype=np.float32)
-        if len(found) >= (n_samples if wanted is None else len(wanted)):
+        if len(found) >= len(wanted):
             break
-    ids = list(found)[:n_samples] if wanted is None else wanted
+    ids = list(found) if wanted is None else wanted
     missing = [i for i in ids if i not in found]
     if missing:
         raise InputError(samples_path, f"sample(s) not in {matrix_path}: {', '.join(missing[:5])}")
     return ids, np.stack([found[i] for i in ids])
+
+
+def inspect_model(
+    model_dir: str | os.PathLike,
+    matrix_path: str | os.PathLike,
+    samples_path: str | os.PathLike | None = None,
+    *,
+    n_samples: int = 4,
+    sample_column: str | None = None,
+    seed: int | None = None,
+    device: str = "auto",
+) -> dict[str, Any]:
+    """The trace (see :func:`trace`) of the model in ``model_dir`` (model.pt, model.json)
+    on samples of ``matrix_path`` (see :func:`read_rows`), with ``model_dir``,
+    ``samples`` (their ids) and ``seed`` added."""
+    directory = Path(model_dir)
+    if not directory.is_dir():
+        raise InputError(model_dir, "not a model folder (model.pt and model.json)")
+    model = load_model(directory / "model.pt", directory / "model.json")
+    ids, X = read_rows(matrix_path, model, n_samples, samples_path, sample_column, seed)
+    result = trace(model, X, device=device)
+    return {"model_dir": str(model_dir), "samples": ids, "seed": seed, **result}
 
 
 def run_inspect(
@@ -414,18 +460,19 @@ def run_inspect(
     *,
     n_samples: int = 4,
     sample_column: str | None = None,
+    seed: int | None = None,
     device: str = "auto",
     as_json: bool = False,
     naive: bool = False,
 ) -> str:
     """The trace of the model in ``model_dir`` (model.pt, model.json) as text or JSON."""
-    directory = Path(model_dir)
-    if not directory.is_dir():
-        raise InputError(model_dir, "not a model folder (model.pt and model.json)")
-    model = load_model(directory / "model.pt", directory / "model.json")
-    ids, X = read_rows(matrix_path, model, n_samples, samples_path, sample_column)
-    result = trace(model, X, device=device)
-    result = {"model_dir": str(model_dir), "samples": ids, **result}
-    if as_json:
-        return json.dumps(result, indent=1) + "\n"
-    return format_trace(result, naive=naive)
+    result = inspect_model(
+        model_dir, matrix_path, samples_path, n_samples=n_samples,
+        sample_column=sample_column, seed=seed, device=device,
+    )  # fmt: skip
+    return dump_trace(result) if as_json else format_trace(result, naive=naive)
+
+
+def dump_trace(result: dict[str, Any]) -> str:
+    """The trace as JSON text, the form ``locusformer report --trace`` reads."""
+    return json.dumps(result, indent=1) + "\n"

@@ -310,6 +310,10 @@ def get_map_args(wildcards):
     )
 
 
+# Samples of a trained dataset that `inspect` traces its model on (seeded by SEED).
+INSPECT_SAMPLES = 8
+
+
 def get_final_outputs():
     return [
         *expand(
@@ -403,12 +407,13 @@ REPORT_STEPS = [
     "train",
     "correct",
     "attention_map",
+    "inspect",
 ]
 
 
 def report_steps(name):
     if name in MODEL_SOURCES:
-        model_steps = ("train", "correct", "attention_map")
+        model_steps = ("train", "correct", "attention_map", "inspect")
         return [step for step in REPORT_STEPS if step not in model_steps] + ["map"]
     return REPORT_STEPS
 
@@ -422,13 +427,14 @@ def get_report_inputs(wildcards):
         "loci": f"results/{name}/loci.parquet",
         "history": f"results/{name}/model/history.tsv",
         "attention": f"results/{name}/model/attention.npz",
+        "trace": f"results/{name}/inspect.json",
         "results": [f"results/{name}/integrated/{m}.h5ad" for m in methods()],
         "benchmarks": [path for _, path in report_benchmarks(name)],
     }
     if name in MODEL_SOURCES:
-        # Mapped: the training curves are the model's; its attention maps were drawn
-        # on other data, so the report has none.
-        del inputs["attention"]
+        # Mapped: the training curves are the model's; its attention maps and its trace
+        # were made on other data, so the report has neither.
+        del inputs["attention"], inputs["trace"]
         kind, where = MODEL_SOURCES[name]
         inputs["history"] = f"results/{where}/model/history.tsv"
         if kind == "folder":
@@ -439,8 +445,14 @@ def get_report_inputs(wildcards):
 
 
 def get_report_model_args(wildcards, input):
-    """--history, --attention and --mapping, for the inputs this dataset's report has."""
-    flags = {"history": "--history", "attention": "--attention", "mapping": "--mapping"}
+    """--history, --attention, --trace and --mapping, for the inputs this dataset's report
+    has."""
+    flags = {
+        "history": "--history",
+        "attention": "--attention",
+        "trace": "--trace",
+        "mapping": "--mapping",
+    }
     return " ".join(
         f"{flag} {shlex.quote(input.get(key))}"
         for key, flag in flags.items()
@@ -464,6 +476,11 @@ def report_benchmarks(name):
 def get_checkpoint(wildcards, output):
     """results/{dataset}/checkpoints/train.pt, beside the model's folder."""
     return str(Path(output.weights).parent.parent / "checkpoints" / "train.pt")
+
+
+def get_inspect_model(wildcards, input):
+    """The folder of model.pt and model.json, which `locusformer inspect --model` takes."""
+    return str(Path(input.weights).parent)
 
 
 def get_report_results(wildcards, input):

@@ -86,6 +86,40 @@ rule correct:
         " --out-latent {output.latent:q} --out-h5ad {output.h5ad:q} 2> {log:q}"
 
 
+# The trained model's attention traced step by step on a few samples, for the report's
+# "Attention, step by step". Mapped datasets have none: their model's trace is that of the
+# dataset (or folder) it was trained on, as its attention maps are.
+rule inspect:
+    input:
+        matrix="results/{dataset}/ordered.parquet",
+        weights="results/{dataset}/model/model.pt",
+        config="results/{dataset}/model/model.json",
+    output:
+        trace="results/{dataset}/inspect.json",
+        text="results/{dataset}/inspect.txt",
+    log:
+        "logs/{dataset}/inspect.log",
+    benchmark:
+        "benchmarks/out/{dataset}/inspect.tsv"
+    wildcard_constraints:
+        dataset=TRAINED_PATTERN,
+    conda:
+        "../envs/torch.yaml"
+    threads: 1
+    params:
+        model=get_inspect_model,
+        # A few samples are what a trace needs, drawn at random: the first rows of the
+        # matrix may all be one batch's.
+        n_samples=INSPECT_SAMPLES,
+        seed=SEED,
+        device=config["device"],
+    shell:
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}} OMP_NUM_THREADS={threads}"
+        " python -m locusformer inspect --model {params.model:q} --matrix {input.matrix:q}"
+        " --n-samples {params.n_samples} --seed {params.seed} --device {params.device}"
+        " --json --out {output.trace:q} --out-text {output.text:q} 2> {log:q}"
+
+
 # A dataset whose row names a model (another dataset or a folder) is mapped onto it:
 # correct's outputs, where correct writes them, and what the mapping did.
 rule map:
