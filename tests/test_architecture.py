@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "locusformer"
 LAYERS = {
     "__init__": 11,  # imports the API lazily, when first used
     "errors": 0,
+    "batches": 1,
     "atomic": 0,
     "memory": 0,
     "pca": 0,
@@ -31,6 +32,7 @@ LAYERS = {
     "annotation": 2,
     "io": 3,
     "data": 3,
+    "simulate_genome": 2,
     "simulate": 3,
     "baselines": 3,
     "preprocess": 4,
@@ -42,6 +44,7 @@ LAYERS = {
     "model": 5,
     "report_sections": 5,
     "report_attention": 5,
+    "report_trace": 5,
     "report": 6,
     "layout": 6,
     "schedule": 6,

@@ -256,7 +256,7 @@ map = correct
 def _batch_values(adata: ad.AnnData, batch_key: str) -> list[str]:
     """Each sample's batch: the ``obs`` column ``batch_key``, or the combination of the
     ``+``-joined columns it names (as the workflow's sample sheets allow)."""
-    from locusformer.preprocess import combine_batch_columns
+    from locusformer.batches import combine_batch_columns
 
     obs = combine_batch_columns(adata.obs, batch_key, "adata.obs")
     if batch_key not in obs.columns:
@@ -265,7 +265,7 @@ def _batch_values(adata: ad.AnnData, batch_key: str) -> list[str]:
 
 
 def _batch_column(adata: ad.AnnData, model: TrainedModel) -> str:
-    from locusformer.preprocess import batch_columns
+    from locusformer.batches import batch_columns
 
     known = getattr(model, "batch_key", None)
     if known is not None and set(batch_columns(known)) <= set(adata.obs.columns):

@@ -135,7 +135,7 @@ def check_covariates(
     covariates: Sequence[str], obs: pd.DataFrame, batch_key: str, source: object
 ) -> None:
     """:class:`InputError` (naming ``source``) unless every covariate is a usable column."""
-    from locusformer.preprocess import batch_columns
+    from locusformer.batches import batch_columns
 
     if len(set(covariates)) != len(covariates):
         raise InputError("protect", f"columns listed twice: {', '.join(covariates)}")

@@ -13,6 +13,7 @@ import pandas as pd
 import scanpy as sc
 from scipy import sparse
 
+from .batches import combine_batch_columns, listing
 from .errors import InputError
 
 if TYPE_CHECKING:
@@ -33,11 +34,6 @@ class NormalizeParams:
     # Highly variable genes are ranked on at most this many samples (a seeded subsample).
     hvg_max_samples: int = 100_000
     seed: int = 0
-
-
-def _listing(values: list[str]) -> str:
-    shown = ", ".join(repr(v) for v in values[:5])
-    return shown + (f" and {len(values) - 5} more" if len(values) > 5 else "")
 
 
 def attach_samples(
@@ -96,7 +92,7 @@ def sample_table(
     for key, what in ((batch_key, "batch_key"), (label_key, "label_key")):
         if key and key not in sheet.columns:
             raise InputError(
-                sheet_path, f"{what} column {key!r} not found (columns: {_listing(list(sheet))})"
+                sheet_path, f"{what} column {key!r} not found (columns: {listing(list(sheet))})"
             )
     in_matrix = pd.Index(obs_names)
     _check_orientation(in_matrix, pd.Index(var_names), sheet, matrix_path)
@@ -105,21 +101,21 @@ def sample_table(
         raise InputError(
             sheet_path,
             f"{len(missing_from_sheet)} sample(s) of {matrix_path} missing from the sheet: "
-            f"{_listing(missing_from_sheet)}",
+            f"{listing(missing_from_sheet)}",
         )
     missing_from_matrix = sheet.index.difference(in_matrix, sort=False).tolist()
     if missing_from_matrix:
         raise InputError(
             matrix_path,
             f"{len(missing_from_matrix)} sample(s) of {sheet_path} missing from the matrix: "
-            f"{_listing(missing_from_matrix)}",
+            f"{listing(missing_from_matrix)}",
         )
     obs = sheet.loc[in_matrix].copy()
     for key in (batch_key, label_key):
         if key:
             empty = obs.index[obs[key].astype(str).str.strip() == ""].tolist()
             if empty:
-                raise InputError(sheet_path, f"empty {key!r} for sample(s) {_listing(empty)}")
+                raise InputError(sheet_path, f"empty {key!r} for sample(s) {listing(empty)}")
     batches = obs[batch_key].value_counts()
     if len(batches) < min_batches:
         raise InputError(
@@ -128,54 +124,12 @@ def sample_table(
         )
     lonely = batches.index[batches == 1].tolist()
     if lonely:
-        log.warning("%s: batch(es) with a single sample kept: %s", sheet_path, _listing(lonely))
+        log.warning("%s: batch(es) with a single sample kept: %s", sheet_path, listing(lonely))
     for key in (batch_key, label_key):
         if key:
             obs[key] = obs[key].astype("category")
     obs.index.name = "sample_id"
     return obs
-
-
-BATCH_JOIN = "+"
-
-
-def batch_columns(batch_key: str) -> list[str]:
-    """The sheet columns a ``batch_key`` stands for: itself, or the ``+``-joined ones."""
-    if BATCH_JOIN not in batch_key:
-        return [batch_key]
-    return [c.strip() for c in batch_key.split(BATCH_JOIN)]
-
-
-def combine_batch_columns(sheet: pd.DataFrame, batch_key: str, sheet_path: str) -> pd.DataFrame:
-    """``sheet`` with a column ``batch_key`` made from the ``+``-joined columns it names.
-
-    Several technical factors (protocol and plate, lab and run) become one batch per
-    combination, as scIB scores them and as a decoder conditioned on one batch code
-    needs. Nested designs (plates within a protocol) lose nothing by it; a crossed design
-    gets one condition per cell of the design. The sheet's own columns are left as they
-    are; a ``batch_key`` that is a column, or names one column, returns ``sheet`` itself.
-    """
-    if batch_key in sheet.columns or BATCH_JOIN not in batch_key:
-        return sheet
-    columns = batch_columns(batch_key)
-    if any(not c for c in columns) or len(set(columns)) < len(columns):
-        raise InputError(sheet_path, f"batch_key {batch_key!r}: empty or repeated column name")
-    absent = [c for c in columns if c not in sheet.columns]
-    if absent:
-        raise InputError(
-            sheet_path,
-            f"batch_key column {absent[0]!r} of {batch_key!r} not found "
-            f"(columns: {_listing(list(sheet))})",
-        )
-    parts = [sheet[c].astype(str).str.strip() for c in columns]
-    for column, values in zip(columns, parts, strict=True):
-        empty = sheet.index[sheet[column].isna() | (values == "")].tolist()
-        if empty:
-            raise InputError(sheet_path, f"empty {column!r} for sample(s) {_listing(empty)}")
-    combined = parts[0]
-    for values in parts[1:]:
-        combined = combined + BATCH_JOIN + values
-    return sheet.assign(**{batch_key: combined})
 
 
 def _check_orientation(
@@ -195,7 +149,7 @@ def _check_orientation(
     raise InputError(
         matrix_path,
         f"the matrix looks transposed: {len(as_samples)} of its gene ids are sample ids of "
-        f"the sheet (e.g. {_listing(as_samples.tolist()[:2])}); it must be {orientation}, "
+        f"the sheet (e.g. {listing(as_samples.tolist()[:2])}); it must be {orientation}, "
         "so transpose it",
     )
 
@@ -427,7 +381,7 @@ def plan_normalization(
     if library is not None:
         empty = source.obs_names[library == 0].tolist()
         if empty:
-            raise InputError(name, f"sample(s) with no counts in kept genes: {_listing(empty)}")
+            raise InputError(name, f"sample(s) with no counts in kept genes: {listing(empty)}")
 
     not_variable = 0
     if select:

@@ -25,7 +25,7 @@ from locusformer.train import train_corrector
 def refuse_protected_batch(protect: Sequence[str], batch_key: str) -> None:
     """An InputError when ``protect`` names the batch column: batch would be removed only
     within batch levels, that is, not at all (the baselines refuse it the same way)."""
-    from locusformer.preprocess import batch_columns
+    from locusformer.batches import batch_columns
 
     for name in protect:
         if name in batch_columns(batch_key):
