@@ -191,7 +191,7 @@ def fit(
     order), which keeps ``adata`` as its methods' default data.
     """
     from locusformer.alignment import covariate_levels
-    from locusformer.steps import refuse_protected_batch
+    from locusformer.batches import refuse_protected_batch
     from locusformer.train import train_corrector
 
     batches = _batch_values(adata, batch_key)

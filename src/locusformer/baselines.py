@@ -135,13 +135,12 @@ def check_covariates(
     covariates: Sequence[str], obs: pd.DataFrame, batch_key: str, source: object
 ) -> None:
     """:class:`InputError` (naming ``source``) unless every covariate is a usable column."""
-    from locusformer.batches import batch_columns
+    from locusformer.batches import refuse_protected_batch
 
     if len(set(covariates)) != len(covariates):
         raise InputError("protect", f"columns listed twice: {', '.join(covariates)}")
+    refuse_protected_batch(covariates, batch_key)
     for name in covariates:
-        if name in batch_columns(batch_key):
-            raise InputError("protect", f"{name!r} is the batch column; it cannot be protected")
         if name not in obs.columns:
             raise InputError(source, f"no column {name!r} (named in protect)")
         if obs[name].isna().any():

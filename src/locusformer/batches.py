@@ -6,6 +6,8 @@ in environments without scanpy.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 
 from locusformer.errors import InputError
@@ -57,3 +59,12 @@ def combine_batch_columns(sheet: pd.DataFrame, batch_key: str, sheet_path: str) 
     for values in parts[1:]:
         combined = combined + BATCH_JOIN + values
     return sheet.assign(**{batch_key: combined})
+
+
+def refuse_protected_batch(protect: Sequence[str], batch_key: str) -> None:
+    """An InputError when ``protect`` names the batch column (or one of the columns a
+    joined ``batch_key`` combines): batch would be removed only within batch levels, that
+    is, not at all."""
+    for name in protect:
+        if name in batch_columns(batch_key):
+            raise InputError("protect", f"{name!r} is the batch column; it cannot be protected")

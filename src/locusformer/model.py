@@ -141,9 +141,7 @@ class LocusEmbedding(nn.Module):
         self.chrom_embedding = (
             nn.Embedding(N_CHROMOSOME_CODES, D) if config.chromosome_embedding else None
         )
-        position = config.positional_encoding
-        if isinstance(position, bool):  # a config object from before the choice
-            position = "sinusoidal" if position else "none"
+        position = config.positional_encoding  # old booleans: mapped by ModelConfig
         if position == "sinusoidal":
             pe = sinusoidal_encoding(layout.token_position, D)
             self.register_buffer("position_encoding", pe, persistent=False)  # (T, D)

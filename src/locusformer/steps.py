@@ -15,21 +15,12 @@ import pandas as pd
 
 from locusformer import atomic
 from locusformer.alignment import covariate_levels
+from locusformer.batches import refuse_protected_batch
 from locusformer.checkpoint import TrainedModel, read_normalization, save_model
 from locusformer.config import split_params
 from locusformer.data import ordered_matrix, read_batches
 from locusformer.errors import InputError
 from locusformer.train import train_corrector
-
-
-def refuse_protected_batch(protect: Sequence[str], batch_key: str) -> None:
-    """An InputError when ``protect`` names the batch column: batch would be removed only
-    within batch levels, that is, not at all (the baselines refuse it the same way)."""
-    from locusformer.batches import batch_columns
-
-    for name in protect:
-        if name in batch_columns(batch_key):
-            raise InputError("protect", f"{name!r} is the batch column; it cannot be protected")
 
 
 def run_train(

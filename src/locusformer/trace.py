@@ -453,26 +453,6 @@ def inspect_model(
     return {"model_dir": str(model_dir), "samples": ids, "seed": seed, **result}
 
 
-def run_inspect(
-    model_dir: str | os.PathLike,
-    matrix_path: str | os.PathLike,
-    samples_path: str | os.PathLike | None = None,
-    *,
-    n_samples: int = 4,
-    sample_column: str | None = None,
-    seed: int | None = None,
-    device: str = "auto",
-    as_json: bool = False,
-    naive: bool = False,
-) -> str:
-    """The trace of the model in ``model_dir`` (model.pt, model.json) as text or JSON."""
-    result = inspect_model(
-        model_dir, matrix_path, samples_path, n_samples=n_samples,
-        sample_column=sample_column, seed=seed, device=device,
-    )  # fmt: skip
-    return dump_trace(result) if as_json else format_trace(result, naive=naive)
-
-
 def dump_trace(result: dict[str, Any]) -> str:
     """The trace as JSON text, the form ``locusformer report --trace`` reads."""
     return json.dumps(result, indent=1) + "\n"
