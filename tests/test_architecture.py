@@ -26,6 +26,7 @@ LAYERS = {
     "runtime": 1,
     "checks": 1,
     "results": 1,
+    "subsample": 1,
     "tables": 1,
     "parquet": 2,
     "diagram": 2,

@@ -115,8 +115,22 @@ def test_one_metrics_job_per_dataset_scores_every_method(tmp_path):
             assert f"--result {method}=results/{name}/integrated/{method}.h5ad" in command
             assert f"--out {method}=results/{name}/metrics/{method}.tsv" in command
         assert f"--uncorrected results/{name}/integrated/uncorrected.h5ad" in command
+        assert "--max-samples 50000" in command  # metrics.max_samples's default
         [report] = [c for c in reports if f"--dataset {name} " in c]
         assert f"--benchmark metrics=benchmarks/out/{name}/metrics.tsv" in report
+
+
+def test_metrics_max_samples_is_passed_and_checked(tmp_path):
+    workdir = _workdir(tmp_path / "ok", {"metrics": {"max_samples": 1234}}, [_demo_row()])
+    result = _snakemake(workdir, "-n", "-p")
+    assert result.returncode == 0, result.stdout + result.stderr
+    [command] = [line for line in result.stdout.splitlines() if "-m locusformer metrics " in line]
+    assert "--max-samples 1234" in command
+    workdir = _workdir(tmp_path / "bad", {"metrics": {"max_samples": 1}}, [_demo_row()])
+    result = _snakemake(workdir, "-n")
+    assert result.returncode != 0
+    said = result.stdout + result.stderr
+    assert "config: metrics.max_samples: 1 is less than the minimum of 2" in said, said
 
 
 @pytest.mark.parametrize("name", ["../escape", "a b", "-rf", "x;rm"])

@@ -301,7 +301,9 @@ def _locusformer_result(args: argparse.Namespace) -> None:
 @_command("metrics")
 def _metrics(args: argparse.Namespace) -> None:
     from .metrics import run_dataset_metrics
+    from .subsample import check_max_samples
 
+    max_samples = check_max_samples(args.max_samples, "--max-samples")
     pairs = {"--result": _pairs(args.result, "--result"), "--out": _pairs(args.out, "--out")}
     for flag, given in pairs.items():
         names = [name for name, _ in given]
@@ -310,7 +312,13 @@ def _metrics(args: argparse.Namespace) -> None:
             raise InputError(flag, f"method(s) given twice: {', '.join(twice)}")
     results, outputs = dict(pairs["--result"]), dict(pairs["--out"])
     run_dataset_metrics(
-        results, args.uncorrected, args.batch_key, args.label_key, outputs, seed=args.seed
+        results,
+        args.uncorrected,
+        args.batch_key,
+        args.label_key,
+        outputs,
+        seed=args.seed,
+        max_samples=max_samples,
     )
 
 

@@ -244,7 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--uncorrected", required=True, help="the uncorrected result.h5ad")
     p.add_argument("--batch-key", required=True)
     p.add_argument("--label-key", default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the PCA and of the subsample")
+    p.add_argument(
+        "--max-samples",
+        default=50_000,  # subsample.DEFAULT_MAX_SAMPLES; checked there, refused in one line
+        help="above this many samples, score every method on one subsample of this many, "
+        "stratified by batch and label (default 50000)",
+    )
     p.add_argument("--out", action="append", required=True, help="METHOD=metrics.tsv")
 
     p = commands.add_parser("aggregate-metrics", help="one dataset's metrics.tsv")

@@ -1,10 +1,13 @@
 """Score integration results with the scIB metrics (``scib-metrics``).
 
-Every method of a dataset is scored the same way:
+Every method of a dataset is scored the same way, on the same samples: all of them up to
+``max_samples``, else one seeded subsample stratified by batch and label
+(:mod:`locusformer.subsample`), cut from every result by obs name:
 
 * the representation scored is the PCA of the corrected matrix (``n_pcs`` rule:
-  ``min(50, n_samples - 1, n_genes - 1)`` components, computed on the corrected matrix) for
-  ``representation="matrix"`` results and ``.obsm["X_emb"]`` as it is for embeddings;
+  ``min(50, n_samples - 1, n_genes - 1)`` components, computed on the scored samples' rows
+  of the corrected matrix) for ``representation="matrix"`` results and ``.obsm["X_emb"]``
+  as it is for embeddings;
 * one k-nearest-neighbour graph per representation, computed the same way for every method
   (exact Euclidean kNN up to :data:`EXACT_KNN_MAX_SAMPLES` samples, else pynndescent as in
   scib-metrics), with ``k = min(90, n_samples - 1)`` neighbours (self included); the
@@ -43,7 +46,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from locusformer import atomic
+from locusformer import atomic, subsample
 from locusformer.errors import InputError, one_line
 from locusformer.pca import n_pcs, pca
 from locusformer.results import EMBEDDING_KEY
@@ -149,8 +152,7 @@ def scoring_representation(result: ad.AnnData, seed: int = 0) -> np.ndarray:
     if representation == "embedding":
         if EMBEDDING_KEY not in result.obsm:
             raise ValueError(f"an embedding result without .obsm[{EMBEDDING_KEY!r}]")
-        emb = np.asarray(result.obsm[EMBEDDING_KEY], dtype=np.float32)
-        return emb
+        return np.asarray(result.obsm[EMBEDDING_KEY], dtype=np.float32)
     if representation != "matrix":
         raise ValueError(f"unknown representation {representation!r}")
     if result.X is None:
@@ -261,14 +263,15 @@ def score_method(
     label_key: str | None,
     seed: int = 0,
     reference: dict | None = None,
+    samples: pd.Index | None = None,
 ) -> pd.DataFrame:
     """Score one integration result; long format (method, metric, type, value, status, error).
 
     ``uncorrected`` is the ``uncorrected`` integration result of the same dataset (its PCA
     is the pre-integration reference of PCR comparison and of the no-label bio metric).
-    ``reference``, a dict kept between calls that pass the same ``uncorrected`` and
-    ``seed`` (:func:`run_dataset_metrics`), holds that PCA so it is computed once, not once
-    per method.
+    ``reference``, a dict kept between calls with the same ``uncorrected``, ``seed`` and
+    ``samples`` (:func:`run_dataset_metrics`), holds that PCA so it is computed once, not
+    once per method. ``samples`` (obs names) scores those only, in the result's order.
     """
     import scib_metrics
 
@@ -287,7 +290,9 @@ def score_method(
         raise InputError(
             "integration result", f"samples of {method!r} differ from the uncorrected result"
         )
-    is_uncorrected = result is uncorrected
+    is_uncorrected, n_total = result is uncorrected, result.n_obs
+    if samples is not None:  # a view in the result's order, like any reordered result
+        result = result[subsample.subsample_mask(result.obs_names, samples, method)]
     uncorrected = uncorrected[result.obs_names]
 
     reference = {} if reference is None else reference
@@ -375,7 +380,8 @@ def score_method(
         needs_batches=True,
     )
     _aggregate(values, with_labels)
-    return _rows(method, values, with_labels, "ok", "", errors)
+    df = _rows(method, values, with_labels, "ok", "", errors)
+    return subsample.with_subsample_rows(df, samples, n_total, seed)
 
 
 # --------------------------------------------------------------------------- files
@@ -415,6 +421,7 @@ def run_metrics(
     out_tsv: str | os.PathLike,
     method: str | None = None,
     seed: int = 0,
+    max_samples: int = subsample.DEFAULT_MAX_SAMPLES,
 ) -> pd.DataFrame:
     """Score one result file against the uncorrected result and write its metrics TSV."""
     result = read_result(result_h5ad)
@@ -425,7 +432,8 @@ def run_metrics(
     )
     if method is not None:
         result.uns["method"] = method
-    df = score_method(result, uncorrected, batch_key, label_key, seed)
+    samples = subsample.scoring_subsample(uncorrected.obs, batch_key, label_key, max_samples, seed)
+    df = score_method(result, uncorrected, batch_key, label_key, seed, samples=samples)
     _write_tsv(df, out_tsv)
     return df
 
@@ -437,6 +445,7 @@ def run_dataset_metrics(
     label_key: str | None,
     out_tsvs: Mapping[str, str | os.PathLike],
     seed: int = 0,
+    max_samples: int = subsample.DEFAULT_MAX_SAMPLES,
 ) -> pd.DataFrame:
     """Score every method of a dataset in one process: ``results`` and ``out_tsvs`` map
     each method to its result file and to its metrics TSV (written once all are scored).
@@ -444,11 +453,12 @@ def run_dataset_metrics(
     Each method's values are the ones :func:`run_metrics` gives it alone; what is paid once
     instead of once per method is the imports, the JIT compilation (numba's of pynndescent
     and UMAP for kBET, JAX's for the rest: most of one method's time on small data) and
-    the uncorrected result's PCA. Results are read one at a time.
+    the uncorrected result's PCA. Results are read one at a time (cut to one subsample).
     """
     if set(results) != set(out_tsvs):
         raise InputError("--out", f"expected one per --result method: {', '.join(results)}")
     uncorrected = read_result(uncorrected_h5ad, "uncorrected result")
+    keep = subsample.scoring_subsample(uncorrected.obs, batch_key, label_key, max_samples, seed)
     reference: dict = {}
     frames = {}
     for method, path in results.items():
@@ -456,7 +466,9 @@ def run_dataset_metrics(
         same = Path(path).resolve() == Path(uncorrected_h5ad).resolve()
         result = uncorrected if same else read_result(path)
         result.uns["method"] = method
-        frames[method] = score_method(result, uncorrected, batch_key, label_key, seed, reference)
+        frames[method] = score_method(
+            result, uncorrected, batch_key, label_key, seed, reference, keep
+        )
         log.info("%s: scored in %.1f s", method, time.perf_counter() - started)
     for method, df in frames.items():
         _write_tsv(df, out_tsvs[method])

@@ -335,10 +335,43 @@ def mapping_section(mapping_json: PathLike | None) -> dict:
         raise InputError(mapping_json, f"not a mapping report (no {one_line(exc)})") from None
 
 
+def subsample_sentence(long: pd.DataFrame) -> str:
+    """What the ``subsample`` rows of a metrics table say, in one sentence ("" without them).
+
+    The strata are (batch, label) exactly when the methods were scored with labels (a
+    label column of two values or more; one value stratifies as the batch alone), which
+    the bio metrics' names tell.
+    """
+    from locusformer.metrics import BIO_METRICS
+    from locusformer.subsample import SUBSAMPLE_METRICS
+
+    rows = long[long["type"] == "subsample"]
+    if rows.empty:
+        return ""
+    by_method = rows.pivot_table(index="method", columns="metric", values="value", sort=False)
+    by_method = by_method.reindex(columns=list(SUBSAMPLE_METRICS))
+    strata = "batch and label" if long["metric"].isin(BIO_METRICS).any() else "batch"
+    # One job scores every method on one subsample; tables joined from several runs could
+    # differ, and then each subsample is named with its methods.
+    groups = by_method.groupby(list(SUBSAMPLE_METRICS), sort=False, dropna=False)
+    parts = []
+    for (n, total, seed), sub in groups:
+        what = f"{_count(n)} of {_count(total)} samples (by {strata}, seed {_count(seed)})"
+        parts.append(what if groups.ngroups == 1 else f"{what} for {', '.join(sub.index)}")
+    article = "a stratified subsample" if len(parts) == 1 else "stratified subsamples"
+    return f"Scored on {article} of {'; '.join(parts)}."
+
+
+def _count(value: float) -> str:
+    return str(int(value)) if np.isfinite(value) else "?"
+
+
 def metrics_section(metrics_tsv: PathLike | None, names: Mapping[str, str] | None = None) -> dict:
     """The metrics table ranked by total score, the best of each metric, and the verdict.
 
     ``names`` maps a method to the name the table shows (see :func:`embedding_section`).
+    The ``subsample`` rows of methods scored on a subsample are no column of the table but
+    the section's ``subsample`` sentence (:func:`subsample_sentence`).
     """
     from locusformer.metrics import method_scores, read_metrics, wide_metrics
 
@@ -349,6 +382,8 @@ def metrics_section(metrics_tsv: PathLike | None, names: Mapping[str, str] | Non
     if metrics_tsv is None:
         return section
     long = read_metrics(metrics_tsv)
+    section["subsample"] = subsample_sentence(long)
+    long = long[long["type"] != "subsample"]
     if long.empty:
         section["message"] = "the metrics table is empty"
         return section

@@ -2,7 +2,8 @@
 # for kBET, JAX's for the rest) and the uncorrected PCA are paid once, not per method.
 # One BLAS thread: the matrices scored are n x 50, and on shared cores OpenBLAS's second
 # thread made the PCA and kBET many times slower (same scores); JAX's own thread pool
-# still uses the job's cores.
+# still uses the job's cores. Above metrics.max_samples samples every method is scored on
+# one stratified subsample (locusformer.subsample), which each table records.
 rule metrics:
     input:
         unpack(get_metrics_inputs),
@@ -21,11 +22,13 @@ rule metrics:
         batch_key=get_batch_key,
         label=get_label_arg,
         seed=SEED,
+        max_samples=config["metrics"]["max_samples"],
     shell:
         "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}} OMP_NUM_THREADS=1"
         " python -m locusformer metrics --uncorrected {input.uncorrected:q}"
         " {params.results} {params.outputs} --batch-key {params.batch_key}"
-        " {params.label} --seed {params.seed} 2> {log:q}"
+        " {params.label} --seed {params.seed} --max-samples {params.max_samples}"
+        " 2> {log:q}"
 
 
 rule aggregate_metrics:
