@@ -217,3 +217,32 @@ def test_label_using_rows_are_tabled_apart():
     assert "| combat_mod (mod: cell_line) | 0.500 | 0.900 |" in protected
     assert "locusformer" not in protected and "| uncorrected |" in protected
     assert "Ablations" not in report  # the protected run's LocusFormer is no ablation
+
+
+@pytest.mark.parametrize("pool", [1, 3])
+def test_mixtures_follow_the_design_at_one_cells_depth(shared, pool):
+    counts, sheet = tasks.combine([tasks.load_set(shared, b) for b in ("CEL-seq2", "Drop-seq")])
+    design = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.0), (0.68, 0.16, 0.16))
+    mixed, labels = tasks.mixtures(counts, sheet, design, samples=4, seed=0, pool=pool)
+    assert list(mixed.columns) == list(labels.index) and mixed.index.equals(counts.index)
+    table = pd.crosstab(labels["batch"], labels["cell_line"])
+    assert sorted(table.columns) == ["mix_100_0_0", "mix_50_50_0", "mix_68_16_16"]
+    assert (table == 4).all().all()
+    # Each line's marker gene counts its cells: a mixture holds only the lines it names,
+    # and a pure sample with no pooling is one real cell of its line, untouched.
+    markers = mixed.loc[[MARKER[line] for line in THREE]].T
+    pure = labels["cell_line"] == "mix_100_0_0"
+    assert (markers.loc[pure, MARKER["H2228"]] == 0).all()
+    assert (markers.loc[pure, MARKER["HCC827"]] == 0).all()
+    halves = labels["cell_line"] == "mix_50_50_0"
+    assert (markers.loc[halves, MARKER["HCC827"]] == 0).all()
+    depth = counts.sum()
+    if pool == 1:
+        for sample in labels.index[pure]:
+            assert (counts == mixed[[sample]].to_numpy()).all().any()
+    # No mixture is deeper than the deepest cell of its batch (thinned to one cell's depth).
+    for batch, names in labels.groupby("batch").groups.items():
+        deepest = depth[sheet.index[sheet["batch"] == batch]].max()
+        assert (mixed[names].sum() <= deepest).all()
+    again, _ = tasks.mixtures(counts, sheet, design, samples=4, seed=0, pool=pool)
+    pd.testing.assert_frame_equal(mixed, again)

@@ -21,6 +21,18 @@ Composition imbalance (issue 18):
   come from the set's own dominant line (each line dominant in a different set,
   ``CONFOUNDED``): a confounded bulk study of tens of samples.
 
+Continuous biology:
+
+- ``mixture``: CEL-seq2 and Drop-seq, each sample a mixture of the three lines' RNA in one
+  of ``MIXTURES``' proportions (the design of CellBench's RNA-mixture experiment, rebuilt
+  from single cells): one random cell of each line in the mixture, thinned binomially to
+  its proportion of a common depth (the smallest of the cells' library sizes) and summed.
+  ``MIXTURE_SAMPLES`` samples per protocol and mixture; the label is the mixture, so
+  neighbouring labels are neighbouring biology.
+- ``mixture_pooled``: the same design from pools of ``MIXTURE_POOL`` cells per line
+  (thinned to one cell's depth): closer to mixing extracted RNA, without the single
+  cells' own variation (cell cycle, size) inside a mixture.
+
 Singlets that are not flagged as outliers only; ERCC spike-ins dropped. Every random step
 takes ``seed`` (``write_task`` builds with seed 0: the data of a task do not change with the
 workflow's seeds).
@@ -48,6 +60,8 @@ TASKS = (
     "cellbench5_inner",
     "cellbench5_skewed",
     "pseudobulk_confounded",
+    "mixture",
+    "mixture_pooled",
 )
 
 # cellbench5_skewed: the fraction of each set's cells of a line that is kept (0 drops the
@@ -73,6 +87,20 @@ CONFOUNDED: dict[str, tuple[str, tuple[str, ...]]] = {
     "plate3": ("H2228", ("A549", "H838")),
 }
 CONFOUNDED_SAMPLES, CONFOUNDED_SHARE, CONFOUNDED_GROUP = 10, 0.8, 4
+
+
+#: Proportions of (H1975, H2228, HCC827) in each mixture: the pure lines, the three
+#: pairs, the three 68/16/16 mixtures and the equal one.
+MIXTURES = (
+    (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0),
+    (0.5, 0.5, 0.0), (0.5, 0.0, 0.5), (0.0, 0.5, 0.5),
+    (0.68, 0.16, 0.16), (0.16, 0.68, 0.16), (0.16, 0.16, 0.68),
+    (1 / 3, 1 / 3, 1 / 3),
+)  # fmt: skip
+MIXTURE_LINES = ("H1975", "H2228", "HCC827")
+MIXTURE_SAMPLES = 30
+#: Cells of each line summed before thinning, in ``mixture_pooled``.
+MIXTURE_POOL = 10
 
 
 def load_set(shared: Path, batch: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -191,6 +219,69 @@ def confounded_pseudobulk(
     return bulk, pd.DataFrame(rows).set_index("sample_id")
 
 
+def mixture_name(proportions: tuple[float, ...]) -> str:
+    """A mixture's label, its percentages in ``MIXTURE_LINES`` order: ``mix_68_16_16``."""
+    return "mix_" + "_".join(str(_round(100 * p)) for p in proportions)
+
+
+def mixtures(
+    counts: pd.DataFrame,
+    sheet: pd.DataFrame,
+    design: tuple[tuple[float, ...], ...],
+    samples: int,
+    seed: int,
+    pool: int = 1,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``samples`` mixtures of each proportion in ``design`` within each batch.
+
+    Each line present gives the sum of ``pool`` random cells of its own (with ``pool`` 1,
+    no cell twice within one batch and mixture), thinned binomially to its share of a
+    common depth: the smallest of the lines' mean library sizes per cell. So every
+    mixture has one cell's depth, and ``pool`` > 1 takes the cell-to-cell variation of
+    the lines out, as mixing extracted RNA does."""
+    rng = np.random.default_rng(seed)
+    values = counts.to_numpy()
+    column = pd.Series(np.arange(counts.shape[1]), index=counts.columns)
+    columns, rows = {}, []
+    for batch in sorted(sheet["batch"].unique()):
+        lines = {
+            line: column[sheet.index[(sheet["batch"] == batch) & (sheet["cell_line"] == line)]]
+            for line in MIXTURE_LINES
+        }
+        for proportions in design:
+            shares = zip(MIXTURE_LINES, proportions, strict=True)
+            present = [(line, p) for line, p in shares if p > 0]
+            if pool == 1:
+                picks = {
+                    line: rng.choice(lines[line].to_numpy(), size=(samples, 1), replace=False)
+                    for line, _ in present
+                }
+            else:
+                picks = {
+                    line: np.stack(
+                        [
+                            rng.choice(lines[line].to_numpy(), pool, replace=False)
+                            for _ in range(samples)
+                        ]
+                    )
+                    for line, _ in present
+                }
+            label = mixture_name(proportions)
+            for k in range(samples):
+                cells = [values[:, picks[line][k]].sum(axis=1) for line, _ in present]
+                depth = min(int(c.sum()) // pool for c in cells)
+                mixed = sum(
+                    rng.binomial(c, min(1.0, p * depth / max(int(c.sum()), 1)))
+                    for c, (_, p) in zip(cells, present, strict=True)
+                )
+                name = f"{batch}_{label}_{k}"
+                columns[name] = mixed
+                rows.append({"sample_id": name, "batch": batch, "cell_line": label})
+    out = pd.DataFrame(columns, index=counts.index)
+    out.index.name = "gene_id"
+    return out, pd.DataFrame(rows).set_index("sample_id")
+
+
 def composition(sheet: pd.DataFrame) -> pd.DataFrame:
     """Samples per batch (rows) and cell line (columns), with totals."""
     return pd.crosstab(sheet["batch"], sheet["cell_line"], margins=True, margins_name="total")
@@ -220,6 +311,12 @@ def build(task: str, shared: Path, seed: int = 0) -> tuple[pd.DataFrame, pd.Data
             counts, sheet, CONFOUNDED, CONFOUNDED_SAMPLES, CONFOUNDED_SHARE, CONFOUNDED_GROUP,
             seed=seed,
         )  # fmt: skip
+    if task == "mixture":
+        counts, sheet = combine([load_set(shared, b) for b in ("CEL-seq2", "Drop-seq")])
+        return mixtures(counts, sheet, MIXTURES, MIXTURE_SAMPLES, seed=seed)
+    if task == "mixture_pooled":
+        counts, sheet = combine([load_set(shared, b) for b in ("CEL-seq2", "Drop-seq")])
+        return mixtures(counts, sheet, MIXTURES, MIXTURE_SAMPLES, seed=seed, pool=MIXTURE_POOL)
     raise ValueError(f"unknown task {task!r}; choose from {TASKS}")
 
 
