@@ -137,3 +137,62 @@ def test_confusion_against_a_per_sample_target_ignores_batches_that_lack_the_bio
     even = confusion_loss(torch.tensor([[9.0, 0.0, 0.0]]), torch.tensor([[0.0, 0.5, 0.5]]))
     skew = confusion_loss(torch.tensor([[0.0, 2.0, 0.0]]), torch.tensor([[0.0, 0.5, 0.5]]))
     assert even < skew
+
+
+def test_level_batch_share_is_the_batch_share_of_variance_within_protected_levels() -> None:
+    from locusformer.losses import level_batch_share
+
+    g = torch.Generator().manual_seed(0)
+    batch = torch.arange(48) % 2
+    levels = (torch.arange(48) // 2) % 4  # every level held by both batches
+    centres = 4.0 * torch.randn(4, 6, generator=g)
+    z = centres[levels] + torch.randn(48, 6, generator=g)
+    base = float(level_batch_share(z, batch, levels, 2))
+    # Equal batch means within every level: exactly 0.
+    zero = z.clone()
+    for level in range(4):
+        for b in range(2):
+            rows = (levels == level) & (batch == b)
+            zero[rows] += z[levels == level].mean(0) - z[rows].mean(0)
+    assert float(level_batch_share(zero, batch, levels, 2)) < 1e-6 < base
+    # A batch shift within the levels raises it; the scale of the latent does not.
+    shifted = z + 3.0 * batch[:, None].float()
+    assert float(level_batch_share(shifted, batch, levels, 2)) > 5 * base
+    torch.testing.assert_close(
+        level_batch_share(10.0 * shifted, batch, levels, 2),
+        level_batch_share(shifted, batch, levels, 2),
+    )
+    # Moving the levels apart lowers it (the cheap way down is more biology, not less).
+    apart = z + 3.0 * centres[levels]
+    assert float(level_batch_share(apart, batch, levels, 2)) < base
+    # A level one batch alone holds is not compared: its batch mean is its level mean.
+    alone = levels.clone()
+    alone[batch == 1] = 4  # level 4: batch 1 only; levels 0-3: batch 0 only
+    assert float(level_batch_share(shifted, batch, alone, 2)) == 0.0
+
+
+def test_protected_training_lowers_the_batch_share_within_levels() -> None:
+    """The level term (on by default when a covariate is protected) does what it says:
+    the trained latent's batch share within the levels is below the same run without it."""
+    from locusformer.losses import level_batch_share
+    from locusformer.simulate import simulate
+    from locusformer.train import train_corrector
+
+    sim = simulate(n_samples=96, n_loci=40, n_batches=2, n_groups=3, seed=4)
+    labels = [f"b{b}" for b in sim.batch]
+    small = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
+    torch.set_num_threads(1)
+    shares = {}
+    for weight in (0.0, 1.0):
+        tc = dict(max_epochs=6, batch_size=96, adversary_rampup_epochs=2, level_mean_weight=weight)
+        model, history = train_corrector(
+            sim.X, labels, sim.loci, small, tc, seed=0, device="cpu", progress=False,
+            covariates=sim.group,
+        )  # fmt: skip
+        with torch.no_grad():
+            z = model.module.encode(model.module.standardize(torch.from_numpy(sim.X)))[0]
+        assert (history["train_level_mean"] > 0).all()  # recorded whatever its weight
+        shares[weight] = float(
+            level_batch_share(z, torch.from_numpy(sim.batch), torch.from_numpy(sim.group), 2)
+        )
+    assert shares[1.0] < 0.7 * shares[0.0], shares

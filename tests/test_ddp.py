@@ -54,6 +54,7 @@ def _inputs(tmp_path: Path) -> Path:
     write_matrix_parquet(data / "ordered.parquet", sim.X, samples, genes)
     write_frame_parquet(data / "loci.parquet", sim.loci)
     sheet = pd.DataFrame({"sample_id": samples, "batch": [f"b{b}" for b in sim.batch]})
+    sheet["group"] = [f"g{g}" for g in sim.group]  # protected: the level term is gathered too
     sheet.to_csv(data / "samples.tsv", sep="\t", index=False)
     return data
 
@@ -74,6 +75,7 @@ def _train(data: Path, out: Path, devices: int) -> subprocess.CompletedProcess:
             "--loci", str(data / "loci.parquet"),
             "--samples", str(data / "samples.tsv"),
             "--batch-key", "batch",
+            "--protect", "group",
             "--params", json.dumps(params),
             "--seed", "11",
             "--device", "cpu",

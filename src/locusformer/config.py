@@ -195,6 +195,12 @@ class TrainConfig:
     # batch, so a minibatch should hold a few samples of each (16 scored lower: 0.786
     # against 0.799 on the skewed five sets, 0.903 against 0.906 on protocols, seed 0).
     batch_mean_clusters: int = 8
+    # With protected covariates only: weight of the batch's share of the latent's
+    # variance within each protected level (losses.level_batch_share), from the first
+    # epoch. The adversary alone, told the levels, left the batch in the confounded
+    # pseudo-bulk (0.768 against ComBat with mod's 0.784; with the term 0.787, three
+    # seeds; BENCHMARKS.md, session 11). No effect without protected covariates.
+    level_mean_weight: float = 1.0
     mmd_weight: float = 0.0
     # Which batches each sample is aligned with (locusformer.alignment). "shared": only
     # those holding its biology, found label-free as mutual nearest neighbours, so a cell
@@ -254,6 +260,7 @@ class TrainConfig:
             "adversary_rampup_epochs": lambda v: v >= 0,
             "batch_mean_weight": lambda v: v >= 0,
             "batch_mean_clusters": lambda v: v >= 1,
+            "level_mean_weight": lambda v: v >= 0,
             "mmd_weight": lambda v: v >= 0,
             "alignment_neighbors": lambda v: v >= 1,
             "cycle_weight": lambda v: v >= 0,

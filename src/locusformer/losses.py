@@ -194,6 +194,38 @@ def cluster_batch_mean_distance(
     return (weight * shifts[0] * solved).sum()
 
 
+def level_batch_share(z: Tensor, batch: Tensor, levels: Tensor, n_batches: int) -> Tensor:
+    """Share of the latent's variance that the batch explains within protected levels.
+
+    sum_i ||mu_(l_i, b_i) - mu_(l_i)||^2 / sum_i ||z_i - mu||^2, the first sum over the
+    samples of the levels that two or more batches hold in the minibatch, the second over
+    all samples: 0 when every batch's mean within each level is that level's mean, as
+    ComBat's ``mod`` asks of each gene.
+
+    Not whitened, unlike :func:`batch_mean_distance`: a protected design often has a
+    sample or two per level and batch, too few for a within-batch covariance (whitening
+    with one estimated from tens of samples in the latent's dimensions collapsed the
+    latent; BENCHMARKS.md, session 10). Divided by the total spread, it is scale-free, so
+    shrinking the latent does not lower it; the total rather than the spread within
+    levels, because the encoder can raise the latter by blurring the levels into one
+    another, and the former most cheaply by moving the levels apart.
+    """
+    z = z.float()
+    n_levels = int(levels.max()) + 1
+    cell = levels * n_batches + batch  # (B,) the (level, batch) of each sample
+    onehot_c = F.one_hot(cell, n_levels * n_batches).float()  # (B, M*N)
+    onehot_l = F.one_hot(levels, n_levels).float()  # (B, M)
+    counts_c = onehot_c.sum(dim=0)  # (M*N,)
+    counts_l = onehot_l.sum(dim=0)  # (M,)
+    means_c = (onehot_c.T @ z) / counts_c.clamp_min(1.0)[:, None]  # (M*N, Z)
+    means_l = (onehot_l.T @ z) / counts_l.clamp_min(1.0)[:, None]  # (M, Z)
+    batches_held = (counts_c.reshape(n_levels, n_batches) > 0).sum(dim=1)  # (M,)
+    kept = (batches_held >= 2).float()[levels]  # (B,)
+    between = (kept * (means_c[cell] - means_l[levels]).pow(2).sum(-1)).sum()
+    total = (z - z.mean(dim=0)).pow(2).sum()
+    return between / total.clamp_min(1e-8)
+
+
 def batch_mmd(z: Tensor, batch: Tensor, n_batches: int) -> Tensor:
     """Mean over batches of MMD^2(latent of batch b, latent of all other batches).
 

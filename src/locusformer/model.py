@@ -45,6 +45,7 @@ from locusformer.losses import (
     confusion_loss,
     frozen_call,
     grad_reverse,
+    level_batch_share,
 )
 
 if TYPE_CHECKING:  # the core takes any object with these fields; parsing lives elsewhere
@@ -364,6 +365,7 @@ class LossWeights(NamedTuple):
     cycle: float = 0.0  # on the latent cycle-consistency (ramp x cycle_weight)
     batch_mean: float = 0.0  # on batch_mean_distance, before the ramp
     mmd: float = 0.0  # on batch_mmd, before the ramp
+    level_mean: float = 0.0  # on level_batch_share (protected levels given)
     ramp: float = 1.0  # on the two batch-statistic terms
 
 
@@ -379,6 +381,7 @@ class Loss(NamedTuple):
     cycle: Tensor  # latent distance after decoding to another batch and re-encoding
     batch_mean: Tensor  # whitened distance between the batches' latent means
     mmd: Tensor  # MMD between each batch's latent and the others'
+    level_mean: Tensor  # batch's share of the latent variance within protected levels
     total: Tensor
 
 
@@ -509,6 +512,7 @@ class LocusFormer(nn.Module):
         share: float = 1.0,
         stats: tuple[Tensor, Tensor, Tensor | None] | None = None,
         clusters: Clusters | None = None,
+        levels: Tensor | None = None,
     ) -> Loss:
         """The training objective of :meth:`forward`'s ``out`` on standardized ``x`` (B, L).
 
@@ -523,6 +527,8 @@ class LocusFormer(nn.Module):
         ``share`` (its rows x processes / M), so that averaging the processes' gradients
         gives the gradient of the whole minibatch's loss. ``clusters``, when given, moves
         the batch means into the latent's clusters (:func:`cluster_batch_mean_distance`).
+        ``levels`` (M,), the protected level of each sample of the whole minibatch, adds
+        :func:`level_batch_share` at ``weights.level_mean``.
         """
         recon = F.mse_loss(out.recon.float(), x)
         adversary = F.cross_entropy(out.batch_logits.float(), batch)
@@ -554,8 +560,14 @@ class LocusFormer(nn.Module):
             per_sample = per_sample + weights.cycle * cycle
         if share != 1.0:
             per_sample = share * per_sample
+        level_mean = torch.zeros((), device=out.latent.device)
+        if levels is not None:
+            # Protected levels: the batch's share of the latent's variance within each.
+            level_mean = level_batch_share(z, b, levels, self.n_batches)
         total = per_sample + weights.ramp * (weights.batch_mean * batch_mean + weights.mmd * mmd)
-        return Loss(recon, adversary, confusion, cycle, batch_mean, mmd, total)
+        if levels is not None and weights.level_mean:
+            total = total + weights.level_mean * level_mean
+        return Loss(recon, adversary, confusion, cycle, batch_mean, mmd, level_mean, total)
 
     # -- (de)serialization ---------------------------------------------------------------
 

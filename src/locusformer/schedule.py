@@ -73,5 +73,7 @@ def loss_weights(tc: TrainConfig, ramp: float) -> LossWeights:
         # they mix cell types, and comparing batches inside them removes biology).
         batch_mean=tc.batch_mean_weight if tc.batch_mean_scope == "batches" or ramp >= 1.0 else 0.0,
         mmd=tc.mmd_weight,
+        # Protected levels are known from the start, unlike the latent's clusters.
+        level_mean=tc.level_mean_weight,
         ramp=ramp,
     )

@@ -67,7 +67,7 @@ from locusformer.schedule import (
 )
 
 #: The words the divergence message uses for the loss terms that are not plain names.
-_LOSS_WORDS = {"recon": "reconstruction", "batch_mean": "batch mean"}
+_LOSS_WORDS = {"recon": "reconstruction", "batch_mean": "batch mean", "level_mean": "level mean"}
 
 HISTORY_COLUMNS = [
     "epoch",
@@ -113,6 +113,8 @@ class _Run:
     # (n, N) on the host: each sample's adversary target (see locusformer.alignment);
     # None: batch_prior for every sample.
     targets: torch.Tensor | None = None
+    # (n,) on the host: each sample's protected level; None without protected covariates.
+    levels: torch.Tensor | None = None
 
 
 def train_corrector(
@@ -281,6 +283,7 @@ def _train(
             tc.adversary_rampup_epochs * scale, tc.patience and max(1, round(tc.patience * scale)),
             batch_prior(codes[train_idx], len(batch_names), dev),
             None if targets is None else torch.from_numpy(targets),
+            None if covariates is None else torch.from_numpy(covariates),
         )  # fmt: skip
         with bar:
             _train_epochs(
@@ -381,14 +384,17 @@ def _run_epoch(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
     order = run.train_rows[torch.randperm(len(run.train_rows), generator=run.generator)]
     # Per-step losses stay on the device (no sync per step); checked once per epoch.
     per_step, correct, seen = [], 0, 0
-    for xb, bb, tb in minibatches(run.Xs, run.codes, order, tc.batch_size, dev, run.targets):
+    chunks = order.split(tc.batch_size)  # the rows of each minibatch, as minibatches splits
+    batches = minibatches(run.Xs, run.codes, order, tc.batch_size, dev, run.targets)
+    for (xb, bb, tb), rows in zip(batches, chunks, strict=True):
         with autocast(dev):
             out = model(
                 xb, bb, adversary_weight=weights.confusion, adversary=tc.adversary,
                 cycle_batch=_other_batches(bb, model.n_batches, weights, run.generator),
             )  # fmt: skip
         prior = run.batch_prior if tb is None else tb
-        loss = model.loss(xb, bb, out, weights, prior, clusters=clusters)
+        levels = None if run.levels is None else run.levels.index_select(0, rows).to(dev)
+        loss = model.loss(xb, bb, out, weights, prior, clusters=clusters, levels=levels)
         _step(run, loss.total)
         per_step.append(torch.stack(list(loss)).detach())
         correct += (out.batch_logits.argmax(-1) == bb).sum()
@@ -493,12 +499,16 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
             prior = run.targets.index_select(0, rows).to(dev, non_blocking=cuda)
             t_all = run.targets.index_select(0, chunk).to(dev, non_blocking=cuda)
         stats = (z_all, b_all, t_all)
-        loss = model.loss(xb, bb, out, weights, prior, share=share, stats=stats, clusters=clusters)
+        # Levels of the whole global batch: the level term is a batch statistic, as above.
+        levels = None if run.levels is None else run.levels.index_select(0, chunk).to(dev)
+        loss = model.loss(
+            xb, bb, out, weights, prior, share=share, stats=stats, clusters=clusters, levels=levels
+        )
         _step(run, loss.total)
         # This process's parts of the global means; summed over the processes below.
         w = share / dist.world
         per_sample = [loss.recon * w, loss.adversary * w, loss.confusion * w, loss.cycle * w]
-        stats = [loss.batch_mean / dist.world, loss.mmd / dist.world]
+        stats = [loss.batch_mean / dist.world, loss.mmd / dist.world, loss.level_mean / dist.world]
         per_step.append(torch.stack(per_sample + stats).detach().float())
         if sizes[dist.rank]:
             correct = correct + (out.batch_logits.argmax(-1) == bb).sum()
@@ -509,9 +519,10 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
     torch.distributed.all_reduce(losses)
     torch.distributed.all_reduce(counts)
     losses = losses.cpu()
-    recon, adversary, confusion, cycle, batch_mean, mmd = losses.unbind(dim=1)
+    recon, adversary, confusion, cycle, batch_mean, mmd, level_mean = losses.unbind(dim=1)
     total = recon + adversary + weights.confusion * confusion + weights.cycle * cycle
     total = total + ramp * (weights.batch_mean * batch_mean + weights.mmd * mmd)
+    total = total + weights.level_mean * level_mean
     losses = torch.cat([losses, total[:, None]], dim=1)  # (steps, terms) as on one process
     _check_finite(losses, epoch, run.n_bad_inputs)
     right, total_seen = counts.tolist()
