@@ -113,8 +113,7 @@ class _Run:
     # (n, N) on the host: each sample's adversary target (see locusformer.alignment);
     # None: batch_prior for every sample.
     targets: torch.Tensor | None = None
-    # (n,) on the host: each sample's protected level; None without protected covariates.
-    levels: torch.Tensor | None = None
+    levels: torch.Tensor | None = None  # (n,) on the host: protected levels, or None
 
 
 def train_corrector(
@@ -384,9 +383,8 @@ def _run_epoch(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
     order = run.train_rows[torch.randperm(len(run.train_rows), generator=run.generator)]
     # Per-step losses stay on the device (no sync per step); checked once per epoch.
     per_step, correct, seen = [], 0, 0
-    chunks = order.split(tc.batch_size)  # the rows of each minibatch, as minibatches splits
     batches = minibatches(run.Xs, run.codes, order, tc.batch_size, dev, run.targets)
-    for (xb, bb, tb), rows in zip(batches, chunks, strict=True):
+    for (xb, bb, tb), rows in zip(batches, order.split(tc.batch_size), strict=True):
         with autocast(dev):
             out = model(
                 xb, bb, adversary_weight=weights.confusion, adversary=tc.adversary,
@@ -498,12 +496,10 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
         if run.targets is not None:
             prior = run.targets.index_select(0, rows).to(dev, non_blocking=cuda)
             t_all = run.targets.index_select(0, chunk).to(dev, non_blocking=cuda)
-        stats = (z_all, b_all, t_all)
-        # Levels of the whole global batch: the level term is a batch statistic, as above.
+        # The level term is a batch statistic too: the levels of the whole global batch.
         levels = None if run.levels is None else run.levels.index_select(0, chunk).to(dev)
-        loss = model.loss(
-            xb, bb, out, weights, prior, share=share, stats=stats, clusters=clusters, levels=levels
-        )
+        stats, more = (z_all, b_all, t_all), {"clusters": clusters, "levels": levels}
+        loss = model.loss(xb, bb, out, weights, prior, share=share, stats=stats, **more)
         _step(run, loss.total)
         # This process's parts of the global means; summed over the processes below.
         w = share / dist.world
