@@ -510,7 +510,7 @@ class LocusFormer(nn.Module):
         prior: Tensor | None = None,
         *,
         share: float = 1.0,
-        stats: tuple[Tensor, Tensor, Tensor | None] | None = None,
+        stats: tuple[Tensor, Tensor, Tensor | None, Tensor | None] | None = None,
         clusters: Clusters | None = None,
         levels: Tensor | None = None,
     ) -> Loss:
@@ -522,13 +522,14 @@ class LocusFormer(nn.Module):
         against ``prior``: (N,) the batch frequencies, or (B, N) a target per sample
         (:mod:`locusformer.alignment`), whose samples with their own batch alone as target
         the batch means leave out. The batch-statistic terms need a whole minibatch:
-        ``stats`` = (latent (M, Z), batch codes (M,), targets (M, N) or None) of all of it when
-        this process holds a share only (DDP), whose per-sample terms then weigh
+        ``stats`` = (latent (M, Z), batch codes (M,), targets (M, N) or None, protected levels
+        (M,) or None) of all of it when this process holds a share only (DDP), whose
+        per-sample terms then weigh
         ``share`` (its rows x processes / M), so that averaging the processes' gradients
         gives the gradient of the whole minibatch's loss. ``clusters``, when given, moves
         the batch means into the latent's clusters (:func:`cluster_batch_mean_distance`).
-        ``levels`` (M,), the protected level of each sample of the whole minibatch, adds
-        :func:`level_batch_share` at ``weights.level_mean``.
+        ``levels`` (B,), each sample's protected level, adds :func:`level_batch_share` at
+        ``weights.level_mean``.
         """
         recon = F.mse_loss(out.recon.float(), x)
         adversary = F.cross_entropy(out.batch_logits.float(), batch)
@@ -536,7 +537,7 @@ class LocusFormer(nn.Module):
             confusion = torch.zeros((), device=out.latent.device)
         else:
             confusion = confusion_loss(out.confusion_logits, prior)
-        z, b, targets = stats if stats is not None else (out.latent, batch, prior)
+        z, b, targets, levels = stats if stats is not None else (out.latent, batch, prior, levels)
         shared = None
         if targets is not None and targets.dim() == 2:
             # Per-sample targets: a sample whose target is its own batch alone holds

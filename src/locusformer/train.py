@@ -496,10 +496,9 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
         if run.targets is not None:
             prior = run.targets.index_select(0, rows).to(dev, non_blocking=cuda)
             t_all = run.targets.index_select(0, chunk).to(dev, non_blocking=cuda)
-        # The level term is a batch statistic too: the levels of the whole global batch.
         levels = None if run.levels is None else run.levels.index_select(0, chunk).to(dev)
-        stats, more = (z_all, b_all, t_all), {"clusters": clusters, "levels": levels}
-        loss = model.loss(xb, bb, out, weights, prior, share=share, stats=stats, **more)
+        stats = (z_all, b_all, t_all, levels)
+        loss = model.loss(xb, bb, out, weights, prior, share=share, stats=stats, clusters=clusters)
         _step(run, loss.total)
         # This process's parts of the global means; summed over the processes below.
         w = share / dist.world
