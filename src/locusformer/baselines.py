@@ -4,7 +4,8 @@ Every method works on the same normalized matrix (log-expression, samples x loci
 genomic order) and returns an *integration result* (:mod:`locusformer.results`): the
 corrected matrix, or an embedding, with the sample table.
 
-Methods: ``uncorrected`` (the input as it is), ``combat`` (:func:`scanpy.pp.combat`),
+Methods: ``uncorrected`` (the input as it is), ``combat`` (:func:`scanpy.pp.combat`'s
+computation, streamed over gene blocks by :mod:`locusformer.combat`),
 ``combat_mod`` (ComBat that keeps the effects of given sample-sheet columns, like
 ``sva::ComBat(mod=)``: it uses labels, so it is no unsupervised peer of the others),
 ``harmony`` (harmonypy on a PCA of the scaled matrix), ``scvi`` (scvi-tools on raw
@@ -42,6 +43,8 @@ SCVI_MAX_EPOCHS: int | None = None
 SYSVI_MAX_EPOCHS: int = 200
 #: SysVI's loss weights, as in its tutorial (the cycle weight is its one integration knob)
 SYSVI_PLAN_KWARGS: Mapping[str, float] = {"kl_weight": 1.0, "z_distance_cycle_weight": 5.0}
+#: genes per block of the streamed ComBat (working memory: a few n_samples x this float64)
+COMBAT_BLOCK: int = 256
 
 
 # --------------------------------------------------------------------------- results
@@ -97,12 +100,16 @@ def _need_batches(method: str, batches: pd.Series, min_per_batch: int = 1) -> No
         )
 
 
-def _check_finite(method: str, x: np.ndarray) -> None:
-    bad = ~np.isfinite(x)
-    if bad.any():
+def _check_finite(method: str, x: np.ndarray, block_size: int = 256) -> None:
+    # by column blocks: a whole-matrix boolean mask is 2 GB at 1M samples x 2,000 loci
+    values = columns = 0
+    for a in range(0, x.shape[1], block_size):
+        bad = ~np.isfinite(x[:, a : a + block_size])
+        values += int(bad.sum())
+        columns += int(bad.any(axis=0).sum())
+    if values:
         raise RuntimeError(
-            f"{method} produced {int(bad.sum())} non-finite values "
-            f"(in {int(bad.any(axis=0).sum())} of {x.shape[1]} columns)"
+            f"{method} produced {values} non-finite values (in {columns} of {x.shape[1]} columns)"
         )
 
 
@@ -167,25 +174,15 @@ def _covariate_columns(obs: pd.DataFrame, covariates: Sequence[str]) -> pd.DataF
 def _combat(
     adata: ad.AnnData, batch_key: str, seed: int, counts, covariates: Sequence[str] = ()
 ) -> ad.AnnData:
-    import scanpy as sc
+    from locusformer import combat
 
     method = "combat_mod" if covariates else "combat"
     batches = _batches(adata, batch_key)
     _need_batches("ComBat", batches, min_per_batch=2)
     check_covariates(covariates, adata.obs, batch_key, "samples")
-    x = dense(adata.X).astype(np.float64)
-    if not np.isfinite(x).all():
-        raise InputError("normalized matrix", "contains non-finite values")
-
-    # Like sva::ComBat, leave genes that are constant within some batch unadjusted: their
-    # within-batch variance is 0, so the empirical-Bayes scale factor would divide by 0.
+    # no float64 copy of the whole matrix: locusformer.combat reads blocks of genes
+    x = dense(adata.X)
     codes = pd.Categorical(batches).codes
-    constant = np.zeros(x.shape[1], dtype=bool)
-    for code in np.unique(codes):
-        constant |= np.ptp(x[codes == code], axis=0) == 0
-    adjust = ~constant
-    if not adjust.any():
-        raise RuntimeError("ComBat: every gene is constant within at least one batch")
 
     protect = _covariate_columns(adata.obs, covariates)
     if covariates and protect.shape[1] == 0:
@@ -205,20 +202,23 @@ def _combat(
                 f"ComBat: {design.shape[0]} samples cannot fit {design.shape[1]} batch and "
                 "covariate terms"
             )
-    obs = pd.DataFrame({batch_key: batches.values}, index=adata.obs_names)
-    work = ad.AnnData(X=x[:, adjust], obs=pd.concat([obs, protect], axis=1))
-    corrected = sc.pp.combat(
-        work, key=batch_key, covariates=list(protect.columns) or None, inplace=False
-    )
-    corrected = np.asarray(corrected, dtype=np.float64)
-    _check_finite("ComBat", corrected)
-    out = x.copy()
-    out[:, adjust] = corrected
-    uns: dict[str, object] = {"n_genes_unadjusted": int(constant.sum())}
+    # scanpy.pp.combat's computation in two passes over gene blocks (its numbers to float32
+    # rounding). Like sva::ComBat, genes constant within some batch are left unadjusted:
+    # their within-batch variance is 0, so the empirical-Bayes scale factor would divide by 0.
+    try:
+        summ = combat.gene_summaries(x, codes, protect.to_numpy(), block_size=COMBAT_BLOCK)
+    except combat.NonFiniteError:
+        raise InputError("normalized matrix", "contains non-finite values") from None
+    if summ.constant.all():
+        raise RuntimeError("ComBat: every gene is constant within at least one batch")
+    gamma_star, delta_star = combat.eb_estimates(summ)
+    out = combat.adjust(x, summ, gamma_star, delta_star, block_size=COMBAT_BLOCK)
+    _check_finite("ComBat", out)
+    uns: dict[str, object] = {"n_genes_unadjusted": int(summ.constant.sum())}
     if covariates:
         uns.update(covariates=list(covariates), display_name=display_name(method, covariates))
     return make_result(
-        out.astype(np.float32),
+        out,
         method=method,
         representation="matrix",
         obs=adata.obs,
