@@ -96,8 +96,9 @@ def collect(out: Path) -> pd.DataFrame:
 def table(frame: pd.DataFrame) -> str:
     shown = frame.assign(
         cell=[
-            f"{r.max_rss_mb:.2f}" if r.rule.endswith("(MB)") else f"{r.seconds:.0f} s, "
-            f"{r.max_rss_mb / 1024:.2f} GB"
+            f"{r.max_rss_mb:.2f}"
+            if r.rule.endswith("(MB)")
+            else f"{r.seconds:.0f} s, {r.max_rss_mb / 1024:.2f} GB"
             for r in frame.itertuples()
         ]
     )
