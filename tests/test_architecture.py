@@ -34,6 +34,7 @@ LAYERS = {
     "io": 3,
     "data": 3,
     "simulate_genome": 2,
+    "result_rows": 2,
     "simulate": 3,
     "baselines": 3,
     "preprocess": 4,

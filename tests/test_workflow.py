@@ -117,6 +117,7 @@ def test_one_metrics_job_per_dataset_scores_every_method(tmp_path):
         assert f"--uncorrected results/{name}/integrated/uncorrected.h5ad" in command
         assert "--max-samples 50000" in command  # metrics.max_samples's default
         [report] = [c for c in reports if f"--dataset {name} " in c]
+        assert "--max-samples 50000" in report  # its embeddings: the scored subsample
         assert f"--benchmark metrics=benchmarks/out/{name}/metrics.tsv" in report
 
 
@@ -126,6 +127,8 @@ def test_metrics_max_samples_is_passed_and_checked(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     [command] = [line for line in result.stdout.splitlines() if "-m locusformer metrics " in line]
     assert "--max-samples 1234" in command
+    [report] = [line for line in result.stdout.splitlines() if "-m locusformer report " in line]
+    assert "--max-samples 1234" in report  # the report draws the same subsample
     workdir = _workdir(tmp_path / "bad", {"metrics": {"max_samples": 1}}, [_demo_row()])
     result = _snakemake(workdir, "-n")
     assert result.returncode != 0

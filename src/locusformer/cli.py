@@ -354,7 +354,9 @@ def _confounding(args: argparse.Namespace) -> None:
 @_command("report")
 def _report(args: argparse.Namespace) -> None:
     from .report import render_dataset_report
+    from .subsample import check_max_samples
 
+    max_samples = check_max_samples(args.max_samples, "--max-samples")
     benchmarks: dict[str, list[str]] = {}
     for name, path in _pairs(args.benchmark, "--benchmark"):
         benchmarks.setdefault(name, []).append(path)
@@ -376,6 +378,7 @@ def _report(args: argparse.Namespace) -> None:
         batch_key=args.batch_key,
         label_key=args.label_key,
         figures_dir=args.figures,
+        max_samples=max_samples,
     )
 
 

@@ -287,6 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-key", required=True)
     p.add_argument("--label-key", default=None)
     p.add_argument("--figures", default=None, help="also write each figure here as PNG")
+    p.add_argument(
+        "--max-samples",
+        default=50_000,  # subsample.DEFAULT_MAX_SAMPLES, as for metrics
+        help="above this many samples, draw the embeddings from the subsample the metrics "
+        "scored (metrics --max-samples with the same --seed; default 50000)",
+    )
     p.add_argument("--out", required=True)
 
     p = commands.add_parser("index", help="results/index.html over all datasets")

@@ -46,9 +46,10 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from locusformer import atomic, subsample
+from locusformer import atomic, result_rows, subsample
 from locusformer.errors import InputError, one_line
 from locusformer.pca import n_pcs, pca
+from locusformer.result_rows import ResultFile, read_result
 from locusformer.results import EMBEDDING_KEY
 
 log = logging.getLogger(__name__)
@@ -257,8 +258,8 @@ def _labels_usable(obs: pd.DataFrame, label_key: str | None) -> bool:
 
 
 def score_method(
-    result: ad.AnnData,
-    uncorrected: ad.AnnData,
+    result: ad.AnnData | ResultFile,
+    uncorrected: ad.AnnData | ResultFile,
     batch_key: str,
     label_key: str | None,
     seed: int = 0,
@@ -271,7 +272,8 @@ def score_method(
     is the pre-integration reference of PCR comparison and of the no-label bio metric).
     ``reference``, a dict kept between calls with the same ``uncorrected``, ``seed`` and
     ``samples`` (:func:`run_dataset_metrics`), holds that PCA so it is computed once, not
-    once per method. ``samples`` (obs names) scores those only, in the result's order.
+    once per method. ``samples`` (obs names) scores those only, in the result's order; of a
+    :class:`~locusformer.result_rows.ResultFile` only their rows are read.
     """
     import scib_metrics
 
@@ -291,16 +293,16 @@ def score_method(
             "integration result", f"samples of {method!r} differ from the uncorrected result"
         )
     is_uncorrected, n_total = result is uncorrected, result.n_obs
-    if samples is not None:  # a view in the result's order, like any reordered result
-        result = result[subsample.subsample_mask(result.obs_names, samples, method)]
-    uncorrected = uncorrected[result.obs_names]
+    # the subsample's rows in the result's order, like any reordered result
+    result = result_rows.take(result, samples, method)
 
     reference = {} if reference is None else reference
     try:
         # The PCA depends on the row order: reused only for results in the same order.
         if not result.obs_names.equals(reference.get("obs_names")):
             reference.clear()
-            reference["pca"] = scoring_representation(uncorrected, seed)
+            pre = result_rows.take(uncorrected, result.obs_names, "uncorrected", True)
+            reference["pca"] = scoring_representation(pre, seed)
             reference["obs_names"] = result.obs_names.copy()
         # Copies: a metric that changed its input in place would change the next method's.
         x_pre = reference["pca"].copy()
@@ -387,14 +389,6 @@ def score_method(
 # --------------------------------------------------------------------------- files
 
 
-def read_result(path: str | os.PathLike, what: str = "integration result") -> ad.AnnData:
-    """Read an integration result h5ad; :class:`InputError` if it cannot be read."""
-    try:
-        return ad.read_h5ad(path)
-    except Exception as exc:
-        raise InputError(path, f"cannot read {what}: {one_line(exc)}") from exc
-
-
 def _write_tsv(df: pd.DataFrame, path: str | os.PathLike) -> None:
     atomic.write_text(path, df.to_csv(sep="\t", index=False, na_rep="NaN", lineterminator="\n"))
 
@@ -423,19 +417,14 @@ def run_metrics(
     seed: int = 0,
     max_samples: int = subsample.DEFAULT_MAX_SAMPLES,
 ) -> pd.DataFrame:
-    """Score one result file against the uncorrected result and write its metrics TSV."""
-    result = read_result(result_h5ad)
-    uncorrected = (
-        result
-        if Path(uncorrected_h5ad).resolve() == Path(result_h5ad).resolve()
-        else read_result(uncorrected_h5ad, "uncorrected result")
+    """Score one result file against the uncorrected result and write its metrics TSV:
+    :func:`run_dataset_metrics` with one method, by default the one the result names."""
+    if method is None:
+        method = str(result_rows.open_result(result_h5ad).uns.get("method", "unknown"))
+    outs = {method: out_tsv}
+    return run_dataset_metrics(
+        {method: result_h5ad}, uncorrected_h5ad, batch_key, label_key, outs, seed, max_samples
     )
-    if method is not None:
-        result.uns["method"] = method
-    samples = subsample.scoring_subsample(uncorrected.obs, batch_key, label_key, max_samples, seed)
-    df = score_method(result, uncorrected, batch_key, label_key, seed, samples=samples)
-    _write_tsv(df, out_tsv)
-    return df
 
 
 def run_dataset_metrics(
@@ -453,18 +442,24 @@ def run_dataset_metrics(
     Each method's values are the ones :func:`run_metrics` gives it alone; what is paid once
     instead of once per method is the imports, the JIT compilation (numba's of pynndescent
     and UMAP for kBET, JAX's for the rest: most of one method's time on small data) and
-    the uncorrected result's PCA. Results are read one at a time (cut to one subsample).
+    the uncorrected result's PCA. Results are read one at a time: whole up to
+    ``max_samples``, above it only the subsample's rows, the subsample drawn from the
+    uncorrected result's sample table (:mod:`locusformer.result_rows`).
     """
     if set(results) != set(out_tsvs):
         raise InputError("--out", f"expected one per --result method: {', '.join(results)}")
-    uncorrected = read_result(uncorrected_h5ad, "uncorrected result")
+    uncorrected = result_rows.open_result(uncorrected_h5ad, "uncorrected result")
     keep = subsample.scoring_subsample(uncorrected.obs, batch_key, label_key, max_samples, seed)
+    # Above max_samples peak memory is then the subsample's rows, not the results' size.
+    read = read_result if keep is None else result_rows.open_result
+    if keep is None:  # read whole, as always
+        uncorrected = read_result(uncorrected_h5ad, "uncorrected result")
     reference: dict = {}
     frames = {}
     for method, path in results.items():
         started = time.perf_counter()
         same = Path(path).resolve() == Path(uncorrected_h5ad).resolve()
-        result = uncorrected if same else read_result(path)
+        result = uncorrected if same else read(path)
         result.uns["method"] = method
         frames[method] = score_method(
             result, uncorrected, batch_key, label_key, seed, reference, keep

@@ -135,6 +135,7 @@ def render_dataset_report(
     label_key: str | None = None,
     embedding: str = "auto",
     figures_dir: PathLike | None = None,
+    max_samples: int | None = None,
 ) -> str:
     """Write ``results/{dataset}/report.html`` (one self-contained file); return the HTML.
 
@@ -152,7 +153,9 @@ def render_dataset_report(
     section, except for a mapped dataset, whose section says the trace is its model's);
     ``embedding`` is ``"auto"`` (UMAP from
     :data:`~locusformer.report_sections.UMAP_MIN_SAMPLES` samples on, else PCA),
-    ``"umap"`` or ``"pca"``.
+    ``"umap"`` or ``"pca"``; above ``max_samples`` samples (``metrics.max_samples``,
+    default 50,000) the embeddings are drawn from the subsample the metrics job scored
+    (same strata, ``seed``), and the section says so.
     """
     import yaml
 
@@ -160,9 +163,9 @@ def render_dataset_report(
         raise ValueError(f"embedding must be 'auto', 'umap' or 'pca', not {embedding!r}")
     plot_seed = 0 if seed is None else int(seed)
     emb_section, obs = (
-        embedding_section(integrated, batch_key, label_key, plot_seed, embedding)
+        embedding_section(integrated, batch_key, label_key, plot_seed, embedding, max_samples)
         if integrated
-        else ({"available": False, "plots": []}, None)
+        else ({"available": False, "plots": [], "subsample": ""}, None)
     )
     config_text = (
         yaml.safe_dump(json.loads(json.dumps(dict(config), default=str)), sort_keys=False)

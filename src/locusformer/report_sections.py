@@ -180,7 +180,10 @@ def _embedding_coords(result, seed: int, mode: str) -> tuple[np.ndarray, str]:
 
         tmp = ad.AnnData(X=np.zeros((n, 1), dtype=np.float32))
         tmp.obsm["X_rep"] = rep
-        sc.pp.neighbors(tmp, n_neighbors=min(15, n - 1), use_rep="X_rep", random_state=seed)
+        # Exact kNN, scanpy's own choice below 4,096 samples (the same plots there): above
+        # it scanpy's pynndescent path fails with this scipy ('csr_array' has no getnnz).
+        k = min(15, n - 1)
+        sc.pp.neighbors(tmp, k, use_rep="X_rep", random_state=seed, transformer="sklearn")
         sc.tl.umap(tmp, random_state=seed)
         return np.asarray(tmp.obsm["X_umap"]), "UMAP"
     if rep.shape[1] <= 2:
@@ -189,23 +192,66 @@ def _embedding_coords(result, seed: int, mode: str) -> tuple[np.ndarray, str]:
     return pca(rep, 2, seed), "PC"
 
 
+def embedding_subsample(
+    integrated: Mapping[str, PathLike],
+    batch_key: str,
+    label_key: str | None,
+    max_samples: int,
+    seed: int,
+) -> tuple[pd.Index | None, str]:
+    """The samples the plots show (``None``: all) and the sentence that says so ("" for all).
+
+    Above ``max_samples``, the stratified subsample the metrics job scores
+    (:func:`~locusformer.subsample.scoring_subsample` of the uncorrected result's sample
+    table, else the first method's, with the same seed): UMAP would not finish on an
+    atlas, and the plots then show the samples the scores were computed on.
+    """
+    from locusformer.result_rows import open_result
+    from locusformer.subsample import scoring_subsample
+
+    first = "uncorrected" if "uncorrected" in integrated else next(iter(integrated))
+    obs = open_result(integrated[first]).obs  # the sample table only; matrices stay on disk
+    keep = scoring_subsample(obs, batch_key, label_key, max_samples, seed)
+    if keep is None:
+        return None, ""
+    labelled = label_key is not None and label_key in obs and obs[label_key].nunique() > 1
+    strata = "batch and label" if labelled else "batch"
+    return keep, (
+        f"Drawn from the stratified subsample the scores were computed on: {len(keep)} of "
+        f"{len(obs)} samples (by {strata}, seed {seed})."
+    )
+
+
 def embedding_section(
-    integrated: Mapping[str, PathLike], batch_key: str, label_key: str | None, seed: int, mode: str
+    integrated: Mapping[str, PathLike],
+    batch_key: str,
+    label_key: str | None,
+    seed: int,
+    mode: str,
+    max_samples: int | None = None,
 ) -> tuple[dict, Any]:
     """One embedding plot per method of ``integrated`` (method -> result h5ad), and an obs.
 
     ``uncorrected`` comes first; a failed method (or one that cannot be plotted) gets its
     error instead of a plot. Also returns the obs of ``uncorrected`` (else of the first
-    method), for the summary's batch x label table.
+    method), for the summary's batch x label table. Above ``max_samples`` samples
+    (default :data:`~locusformer.subsample.DEFAULT_MAX_SAMPLES`) each plot shows the
+    scored subsample (:func:`embedding_subsample`), and only its rows are read.
     """
-    from locusformer.metrics import read_result
+    from locusformer.result_rows import open_result, read_result, take
+    from locusformer.subsample import DEFAULT_MAX_SAMPLES
 
+    limit = DEFAULT_MAX_SAMPLES if max_samples is None else max_samples
+    keep, sentence = embedding_subsample(integrated, batch_key, label_key, limit, seed)
     plots = []
     names: dict[str, str] = {}
     obs = None
     methods = sorted(integrated, key=lambda m: (m != "uncorrected",))
     for method in methods:
-        result = read_result(integrated[method])
+        # up to the limit read whole, as always; above it the matrices stay on disk
+        result = (
+            read_result(integrated[method]) if keep is None else open_result(integrated[method])
+        )
         if result.uns.get("display_name"):  # combat_mod: says which labels it kept
             names[method] = str(result.uns["display_name"])
         if method == "uncorrected" or obs is None:
@@ -217,22 +263,24 @@ def embedding_section(
             )
             continue
         try:
-            coords, axis = _embedding_coords(result, seed, mode)
+            shown = result if keep is None else take(result, keep, method)
+            coords, axis = _embedding_coords(shown, seed, mode)
         except Exception as exc:
             plots.append(
                 {"method": method, "failed": True, "error": f"cannot plot: {one_line(exc)}"}
             )
             continue
-        keys = [batch_key] + ([label_key] if label_key and label_key in result.obs else [])
+        keys = [batch_key] + ([label_key] if label_key and label_key in shown.obs else [])
         plots.append(
             {
                 "method": method,
                 "failed": False,
-                "figure": embedding_figure(coords, result.obs, keys, method, axis),
+                "figure": embedding_figure(coords, shown.obs, keys, method, axis),
                 "axis": "UMAP" if axis == "UMAP" else "PCA",
             }
         )
-    return {"available": bool(plots), "plots": plots, "names": names}, obs
+    section = {"available": bool(plots), "plots": plots, "names": names, "subsample": sentence}
+    return section, obs
 
 
 def verdict(scores: pd.DataFrame) -> dict | None:

@@ -53,6 +53,8 @@ rule confounding:
         " --seed {params.seed} --out {output:q} 2> {log:q}"
 
 
+# Above metrics.max_samples the embeddings are drawn from the subsample the metrics rule
+# scored (same strata and seed): UMAP would not finish on an atlas, nor the reading fit.
 rule report:
     input:
         unpack(get_report_inputs),
@@ -85,6 +87,7 @@ rule report:
         label=get_label_arg,
         run_config=shlex.quote(json.dumps(config, sort_keys=True)),
         seed=SEED,
+        max_samples=config["metrics"]["max_samples"],
     shell:
         "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}}"
         " python -m locusformer report --dataset {wildcards.dataset} --metrics {input.metrics:q}"
@@ -92,7 +95,8 @@ rule report:
         " --confounding {input.confounding:q}"
         " {params.results} {params.benchmarks}"
         " --config {params.run_config} --seed {params.seed} --batch-key {params.batch_key}"
-        " {params.label} --figures {output.figures:q} --out {output.html:q} 2> {log:q}"
+        " {params.label} --max-samples {params.max_samples}"
+        " --figures {output.figures:q} --out {output.html:q} 2> {log:q}"
 
 
 rule index:
