@@ -20,6 +20,7 @@ LAYERS = {
     "atomic": 0,
     "memory": 0,
     "pca": 0,
+    "combat": 0,
     "report_figures": 0,
     "config": 1,
     "loci": 1,
