@@ -30,24 +30,13 @@ METHODS = ("uncorrected", "combat")
 
 def setup(args: argparse.Namespace) -> None:
     """Simulate and write both results (run in a child: the simulation's arrays go with it)."""
-    import anndata as ad
-    import pandas as pd
+
+    from subsample_agreement import simulated_adata
 
     from locusformer.baselines import run_method
     from locusformer.results import write_result
-    from locusformer.simulate import simulate
 
-    sim = simulate(
-        n_samples=args.n, n_loci=args.loci, n_batches=args.batches, n_groups=args.groups,
-        seed=args.seed,
-    )  # fmt: skip
-    obs = pd.DataFrame(
-        {"batch": [f"b{b}" for b in sim.batch], "label": [f"g{g}" for g in sim.group]},
-        index=[f"s{i}" for i in range(args.n)],
-    ).astype("category")
-    adata = ad.AnnData(X=sim.X, obs=obs)
-    adata.var_names = list(sim.loci["gene_id"])
-    del sim
+    adata = simulated_adata(args.n, args.loci, args.batches, args.groups, args.seed)
     args.dir.mkdir(parents=True, exist_ok=True)
     for method in METHODS:
         write_result(run_method(method, adata, "batch", args.seed), args.dir / f"{method}.h5ad")

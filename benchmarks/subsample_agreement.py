@@ -27,6 +27,19 @@ from locusformer.subsample import scoring_subsample
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def simulated_adata(n: int, loci: int, batches: int, groups: int, seed: int) -> ad.AnnData:
+    """``locusformer.simulate``'s samples as the normalized AnnData the baselines take:
+    obs ``batch`` and ``label`` (the cell group), var names the gene ids."""
+    sim = simulate(n_samples=n, n_loci=loci, n_batches=batches, n_groups=groups, seed=seed)
+    obs = pd.DataFrame(
+        {"batch": [f"b{b}" for b in sim.batch], "label": [f"g{g}" for g in sim.group]},
+        index=[f"s{i}" for i in range(n)],
+    ).astype("category")
+    adata = ad.AnnData(X=sim.X, obs=obs)
+    adata.var_names = list(sim.loci["gene_id"])
+    return adata
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=20_000)
@@ -39,16 +52,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/subsample_agreement.tsv")
     args = parser.parse_args()
 
-    sim = simulate(
-        n_samples=args.samples, n_loci=args.loci, n_batches=args.batches,
-        n_groups=args.groups, seed=0,
-    )  # fmt: skip
-    obs = pd.DataFrame(
-        {"batch": [f"b{b}" for b in sim.batch], "label": [f"g{g}" for g in sim.group]},
-        index=[f"s{i}" for i in range(args.samples)],
-    ).astype("category")
-    adata = ad.AnnData(X=sim.X, obs=obs)
-    adata.var_names = list(sim.loci["gene_id"])
+    adata = simulated_adata(args.samples, args.loci, args.batches, args.groups, seed=0)
     results = {m: run_method(m, adata.copy(), "batch", 0) for m in args.methods}
     uncorrected = results["uncorrected"]
     rows = []
