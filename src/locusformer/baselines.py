@@ -28,7 +28,7 @@ import pandas as pd
 
 from locusformer.errors import InputError, one_line
 from locusformer.parquet import read_matrix_parquet
-from locusformer.pca import n_pcs, pca
+from locusformer.pca import NonFiniteError, n_pcs, pca, pca_scaled_blocks
 from locusformer.results import categorical_obs, dense, make_result, write_result
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,14 @@ SYSVI_MAX_EPOCHS: int = 200
 SYSVI_PLAN_KWARGS: Mapping[str, float] = {"kl_weight": 1.0, "z_distance_cycle_weight": 5.0}
 #: genes per block of the streamed ComBat (working memory: a few n_samples x this float64)
 COMBAT_BLOCK: int = 256
+#: Matrices of at most this many values (n_obs * n_vars; 50,000 samples x 2,000 loci)
+#: take the in-memory paths, whose results stay bitwise what they were: ComBat in blocks
+#: of COMBAT_BLOCK genes, Harmony on sklearn's ARPACK PCA of a float64 scaled copy. Above
+#: it (atlas scale, issue 15) ComBat's blocks hold about COMBAT_BLOCK_VALUES values and
+#: Harmony's PCA is streamed (pca.pca_scaled_blocks: ARPACK's numbers to ~1e-12 relative).
+STREAM_VALUES: int = 100_000_000
+#: above STREAM_VALUES, values per ComBat gene block (float64: 256 MB per block array)
+COMBAT_BLOCK_VALUES: int = 2**25
 
 
 # --------------------------------------------------------------------------- results
@@ -114,7 +122,7 @@ def _check_finite(method: str, x: np.ndarray, block_size: int = 256) -> None:
 
 
 def _uncorrected(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData:
-    x = dense(adata.X).astype(np.float32)
+    x = np.asarray(dense(adata.X), dtype=np.float32)  # no copy of a float32 ndarray
     return make_result(
         x,
         method="uncorrected",
@@ -171,8 +179,25 @@ def _covariate_columns(obs: pd.DataFrame, covariates: Sequence[str]) -> pd.DataF
     return pd.DataFrame(columns, index=obs.index)
 
 
+def combat_block(n_obs: int, n_vars: int) -> int:
+    """Genes per ComBat block: :data:`COMBAT_BLOCK` up to :data:`STREAM_VALUES` values,
+    above it about :data:`COMBAT_BLOCK_VALUES` values per block (at least 1 gene)."""
+    if n_obs * n_vars <= STREAM_VALUES:
+        return COMBAT_BLOCK
+    return max(1, min(COMBAT_BLOCK, COMBAT_BLOCK_VALUES // max(1, n_obs)))
+
+
+def _writable_float32(x: object) -> bool:
+    return type(x) is np.ndarray and x.dtype == np.float32 and x.flags.writeable
+
+
 def _combat(
-    adata: ad.AnnData, batch_key: str, seed: int, counts, covariates: Sequence[str] = ()
+    adata: ad.AnnData,
+    batch_key: str,
+    seed: int,
+    counts,
+    covariates: Sequence[str] = (),
+    overwrite: bool = False,
 ) -> ad.AnnData:
     from locusformer import combat
 
@@ -205,14 +230,18 @@ def _combat(
     # scanpy.pp.combat's computation in two passes over gene blocks (its numbers to float32
     # rounding). Like sva::ComBat, genes constant within some batch are left unadjusted:
     # their within-batch variance is 0, so the empirical-Bayes scale factor would divide by 0.
+    block = combat_block(*x.shape)
     try:
-        summ = combat.gene_summaries(x, codes, protect.to_numpy(), block_size=COMBAT_BLOCK)
+        summ = combat.gene_summaries(x, codes, protect.to_numpy(), block_size=block)
     except combat.NonFiniteError:
         raise InputError("normalized matrix", "contains non-finite values") from None
     if summ.constant.all():
         raise RuntimeError("ComBat: every gene is constant within at least one batch")
     gamma_star, delta_star = combat.eb_estimates(summ)
-    out = combat.adjust(x, summ, gamma_star, delta_star, block_size=COMBAT_BLOCK)
+    # in place (each block is read into float64 before it is written back: the same
+    # float32 numbers) only when the caller gave the matrix away, and it is float32
+    into = x if overwrite and not adata.is_view and _writable_float32(adata.X) else None
+    out = combat.adjust(x, summ, gamma_star, delta_star, block_size=block, out=into)
     _check_finite("ComBat", out)
     uns: dict[str, object] = {"n_genes_unadjusted": int(summ.constant.sum())}
     if covariates:
@@ -233,18 +262,27 @@ def _harmony(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData
 
     batches = _batches(adata, batch_key)
     _need_batches("Harmony", batches, min_per_batch=1)
-    x = dense(adata.X).astype(np.float64)
-    if not np.isfinite(x).all():
-        raise InputError("normalized matrix", "contains non-finite values")
-    # scale each gene to zero mean and unit variance (constant genes stay 0), clip at 10 SD
-    # as scanpy.pp.scale(max_value=10) does
-    sd = x.std(axis=0, ddof=1)
-    sd[sd == 0] = 1.0
-    scaled = np.clip((x - x.mean(axis=0)) / sd, -10, 10)
-    n_comps = n_pcs(x.shape[0], x.shape[1])
-    pcs = pca(scaled, n_comps, seed)
-
+    x = dense(adata.X)
     n = x.shape[0]
+    n_comps = n_pcs(n, x.shape[1])
+    # scale each gene to zero mean and unit variance (constant genes stay 0), clip at 10 SD
+    # as scanpy.pp.scale(max_value=10) does, then the (centred) PCA of that
+    if x.size <= STREAM_VALUES:
+        x64 = x.astype(np.float64)
+        if not np.isfinite(x64).all():
+            raise InputError("normalized matrix", "contains non-finite values")
+        sd = x64.std(axis=0, ddof=1)
+        sd[sd == 0] = 1.0
+        scaled = np.clip((x64 - x64.mean(axis=0)) / sd, -10, 10)
+        del x64
+        pcs = pca(scaled, n_comps, seed)
+        del scaled
+    else:
+        try:  # no float64 copy: moments, Gram matrix and scores over row blocks
+            pcs = pca_scaled_blocks(x, n_comps, max_value=10)
+        except NonFiniteError:
+            raise InputError("normalized matrix", "contains non-finite values") from None
+
     # harmonypy's default is round(N / 30) clusters, which is 0 or 1 for small bulk studies
     nclust = int(min(max(2, round(n / 30)), 100, n - 1))
     meta = pd.DataFrame({batch_key: batches.values})
@@ -256,7 +294,7 @@ def _harmony(adata: ad.AnnData, batch_key: str, seed: int, counts) -> ad.AnnData
         z = z.T
     _check_finite("Harmony", z)
     return make_result(
-        dense(adata.X).astype(np.float32),
+        np.asarray(x, dtype=np.float32),  # no copy of a float32 ndarray
         method="harmony",
         representation="embedding",
         obs=adata.obs,
@@ -401,6 +439,8 @@ def run_method(
     seed: int,
     counts: ad.AnnData | pd.DataFrame | None = None,
     covariates: Sequence[str] = (),
+    *,
+    overwrite: bool = False,
 ) -> ad.AnnData:
     """Run one baseline on a normalized AnnData (samples x loci, log-expression).
 
@@ -419,6 +459,14 @@ def run_method(
     covariates
         ``combat_mod`` only, and required there: categorical ``obs`` columns whose effects
         ComBat keeps (its design matrix, ``mod`` in ``sva::ComBat``).
+    overwrite
+        ``combat``/``combat_mod`` only: write the corrected matrix into ``adata.X`` (when
+        it is a writable float32 ndarray) instead of a new array, saving a copy of the
+        matrix at atlas scale; ``adata.X`` then holds the result's values. Off by default,
+        so a caller's AnnData is never changed; :func:`run_baseline` turns it on for the
+        matrix it loaded itself. Other methods never write into ``adata.X``, but the
+        result's ``X`` of ``uncorrected`` and ``harmony`` is ``adata.X`` itself (no copy)
+        when that is a float32 ndarray.
 
     Returns
     -------
@@ -436,8 +484,8 @@ def run_method(
     _check_method(method, covariates)
     if adata.n_obs < 2 or adata.n_vars < 1:
         raise InputError("normalized matrix", f"too small ({adata.n_obs} x {adata.n_vars})")
-    if method == "combat_mod":
-        result = _combat(adata, batch_key, seed, counts, covariates=covariates)
+    if method in ("combat", "combat_mod"):
+        result = _combat(adata, batch_key, seed, counts, covariates=covariates, overwrite=overwrite)
     else:
         result = _RUNNERS[method](adata, batch_key, seed, counts)
     result.uns["seed"] = int(seed)
@@ -527,7 +575,10 @@ def run_baseline(
             raise RuntimeError(
                 "scVI needs raw counts; this dataset has none (value_type is not counts)"
             )
-        result = run_method(method, adata, batch_key, seed, counts=counts, covariates=covariates)
+        # the matrix was read for this run only: ComBat may correct it in place
+        result = run_method(
+            method, adata, batch_key, seed, counts=counts, covariates=covariates, overwrite=True
+        )
     except Exception as exc:
         # the uncorrected "method" cannot fail on readable input: anything here is a bug
         if method == "uncorrected":
