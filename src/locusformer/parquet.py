@@ -260,21 +260,20 @@ def read_matrix_parquet(path: PathLike, what: str = "matrix") -> pd.DataFrame:
 
     The one reader of the workflow's intermediate matrices (normalized, ordered, counts):
     sample ids as a str index, gene ids as str columns, every problem an InputError.
+    The values are read row group by row group (:func:`iter_matrix_parquet`) into one
+    float32 array that the frame wraps without a copy: at 1M samples x 2,000 genes that is
+    8 GB, where ``pandas.read_parquet`` held the Arrow table, the frame and its float32
+    copy at once (about 24 GB).
     """
-    if not Path(path).is_file():
-        raise InputError(path, "file not found")
-    try:
-        frame = pd.read_parquet(path, engine="pyarrow")
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(path, f"cannot read {what}: {' '.join(str(exc).split())}") from None
-    if "sample_id" in frame.columns and frame.index.name != "sample_id":
-        frame = frame.set_index("sample_id")
-    if frame.shape[0] == 0 or frame.shape[1] == 0:
-        raise InputError(path, f"{what} is empty ({frame.shape[0]} x {frame.shape[1]})")
-    frame.index = pd.Index(frame.index.astype(str), name="sample_id")
-    frame.columns = frame.columns.astype(str)
-    check_unique(path, frame.index, "sample")
-    try:
-        return frame.astype(np.float32)
-    except (TypeError, ValueError) as exc:
-        raise InputError(path, f"{what} has non-numeric values: {exc}") from None
+    handle, genes = open_matrix_parquet(path, what)
+    n = handle.metadata.num_rows
+    handle.close()
+    values = np.empty((n, len(genes)), dtype=np.float32)
+    ids: list[np.ndarray] = []
+    at = 0
+    for block in iter_matrix_parquet(path, what):
+        values[at : at + len(block)] = block.to_numpy()
+        ids.append(block.index.to_numpy(dtype=object))
+        at += len(block)
+    index = pd.Index(np.concatenate(ids), dtype=object, name="sample_id")
+    return pd.DataFrame(values, index=index, columns=pd.Index(genes, dtype=object), copy=False)
