@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import anndata as ad
+import h5py
 import numpy as np
 import pandas as pd
 import pytest
@@ -201,3 +202,49 @@ def test_the_report_command_passes_max_samples(files, tmp_path: Path, capsys) ->
     assert "30 of 180 samples (by batch and label, seed 3)" in (tmp_path / "r.html").read_text()
     assert main([*argv, "--max-samples", "1"]) == 2
     assert "--max-samples: expected an integer >= 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("representation", ["matrix", "embedding"])
+def test_locusformer_result_reads_only_the_element_it_keeps(
+    representation: str, tmp_path: Path, monkeypatch
+) -> None:
+    """``locusformer-result`` copies the corrected layer (or the latent) and the sample
+    table of correct's .h5ad without reading the file whole (its input matrix above all)."""
+    rng = np.random.default_rng(0)
+    obs = pd.DataFrame(
+        {"batch": ["a", "b"] * 10, "cell_type": ["x"] * 10 + ["y"] * 10},
+        index=pd.Index([f"s{i}" for i in range(20)]),
+    )
+    corrected = ad.AnnData(X=rng.normal(size=(20, 6)).astype(np.float32), obs=obs)
+    corrected.var_names = [f"g{j}" for j in range(6)]
+    corrected.layers["corrected"] = rng.normal(size=(20, 6)).astype(np.float32)
+    corrected.obsm["X_locusformer"] = rng.normal(size=(20, 3)).astype(np.float32)
+    corrected.uns["locusformer"] = {"protect": ["cell_type"]}
+    corrected.write_h5ad(tmp_path / "locusformer.h5ad")
+    no_whole_reads(monkeypatch)
+    method = "locusformer" if representation == "matrix" else "locusformer_latent"
+    out = tmp_path / f"{method}.h5ad"
+    main(
+        ["locusformer-result", "--h5ad", str(tmp_path / "locusformer.h5ad"), "--method", method,
+         "--representation", representation, "--batch-key", "batch", "--label", "cell_type",
+         "--out", str(out)]
+    )  # fmt: skip
+    with h5py.File(out, "r") as f:
+        if representation == "matrix":
+            np.testing.assert_array_equal(f["X"][...], corrected.layers["corrected"])
+            assert EMBEDDING_KEY not in f["obsm"]
+        else:
+            np.testing.assert_array_equal(
+                f[f"obsm/{EMBEDDING_KEY}"][...], corrected.obsm["X_locusformer"]
+            )
+            assert "X" not in f
+    result = result_rows.open_result(out)
+    pd.testing.assert_frame_equal(result.obs.astype(str), obs, check_names=False)
+    assert list(result.var_names) == list(corrected.var_names) or representation == "embedding"
+    assert result.uns["method"] == method and list(result.uns["covariates"]) == ["cell_type"]
+
+
+def test_a_missing_element_is_one_input_error(tmp_path: Path) -> None:
+    ad.AnnData(X=np.zeros((3, 2), dtype=np.float32)).write_h5ad(tmp_path / "c.h5ad")
+    with pytest.raises(InputError, match=r"c\.h5ad.*no 'layers/corrected'"):
+        result_rows.read_element(tmp_path / "c.h5ad", "layers/corrected", "corrected .h5ad")

@@ -82,6 +82,22 @@ def open_result(path: str | os.PathLike, what: str = "integration result") -> Re
     return ResultFile(Path(path), obs, var.index.astype(str), dict(uns))
 
 
+def read_element(path: str | os.PathLike, key: str, what: str = "integration result") -> Any:
+    """The whole h5ad element ``key`` (e.g. ``layers/corrected``), read as AnnData reads it,
+    and nothing else of the file; :class:`InputError` if it is missing or unreadable."""
+    from anndata.io import read_elem
+
+    try:
+        with h5py.File(path, "r") as f:
+            if key not in f:
+                raise InputError(path, f"{what} has no {key!r}")
+            return read_elem(f[key])
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(path, f"cannot read {what}: {one_line(exc)}") from exc
+
+
 def read_rows(path: Path, key: str, positions: np.ndarray) -> Any:
     """Rows ``positions`` (ascending, unique) of the h5ad element ``key`` (``X``, or
     ``obsm/X_emb``): a dense array, or a scipy sparse matrix for a sparse element.
