@@ -4,7 +4,8 @@ Simulates ``--samples`` x ``--loci`` (``locusformer simulate``'s model, with cel
 the bio metrics mean something), runs the uncorrected baseline, ComBat and Harmony, and
 scores each on all samples and on stratified subsamples of each ``--sizes`` (seeds
 ``--seeds``), exactly as the ``metrics`` rule does above ``metrics.max_samples``. Writes one
-row per (method, size, seed) to ``--out`` and prints the largest difference per size.
+row per (method, size, seed) to ``--out`` (every metric's value to ``--out`` with the suffix
+``.metrics.tsv``) and prints the largest difference per size.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/subsample_agreement.py --samples 20000 \\
         --sizes 2000 5000 --seeds 0 1 2
@@ -55,7 +56,7 @@ def main() -> None:
     adata = simulated_adata(args.samples, args.loci, args.batches, args.groups, seed=0)
     results = {m: run_method(m, adata.copy(), "batch", 0) for m in args.methods}
     uncorrected = results["uncorrected"]
-    rows = []
+    rows, details = [], []
 
     def score(method: str, size: int, seed: int, samples: pd.Index | None) -> None:
         start = time.perf_counter()
@@ -66,6 +67,9 @@ def main() -> None:
             "batch": v["Batch correction"], "bio": v["Bio conservation"], "total": v["Total"],
             "seconds": round(time.perf_counter() - start, 1),
         })  # fmt: skip
+        # every metric, so that a score that moves can be traced to the metric that moved
+        details.extend({"method": method, "size": size, "seed": seed, "metric": k, "value": x}
+                       for k, x in v.items())  # fmt: skip
         print(rows[-1], flush=True)
 
     for method in args.methods:
@@ -78,6 +82,7 @@ def main() -> None:
     table = pd.DataFrame(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out, sep="\t", index=False)
+    pd.DataFrame(details).to_csv(args.out.with_suffix(".metrics.tsv"), sep="\t", index=False)
     full = table[table["size"] == args.samples].set_index("method")
     sub = table[table["size"] != args.samples].copy()
     for key in ("batch", "bio", "total"):
