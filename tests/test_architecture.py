@@ -19,6 +19,7 @@ LAYERS = {
     "batches": 1,
     "atomic": 0,
     "memory": 0,
+    "vi_device": 1,
     "pca": 0,
     "combat": 0,
     "report_figures": 0,
