@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from child_steps import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("uncorrected", "combat", "harmony")
@@ -65,25 +66,6 @@ def write_inputs(args: argparse.Namespace) -> None:
     pd.DataFrame(
         {"sample_id": ids, "batch": [f"b{b}" for b in batch], "label": [f"g{g}" for g in group]}
     ).to_csv(args.dir / "samples.tsv", sep="\t", index=False)
-
-
-def run_child(name: str, argv: list[str], log: Path) -> dict:
-    """Run one step; its wall seconds and peak RSS (GB) from ``os.wait4``."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
-    started = time.perf_counter()
-    with open(log, "w") as err:
-        proc = subprocess.Popen(argv, env=env, stderr=err, cwd=ROOT)
-        _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - started
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0:
-        sys.exit(f"{name} failed ({code}); see {log}:\n{log.read_text()[-3000:]}")
-    return {
-        "step": name,
-        "wall_s": round(wall, 1),
-        "peak_gb": round(usage.ru_maxrss * 1024 / 1e9, 2),
-    }
 
 
 def compare(args: argparse.Namespace) -> None:

@@ -18,11 +18,10 @@ for a before / after on the same files; ``--steps`` picks the steps.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from child_steps import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("uncorrected", "combat")
@@ -42,18 +41,8 @@ def setup(args: argparse.Namespace) -> None:
         write_result(run_method(method, adata, "batch", args.seed), args.dir / f"{method}.h5ad")
 
 
-def run_child(name: str, argv: list[str], src: Path, log: Path) -> dict:
-    """Run one step; its wall seconds and peak RSS (GB) from ``os.wait4``."""
-    env = dict(os.environ, PYTHONPATH=str(src), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    started = time.perf_counter()
-    with open(log, "w") as err:
-        proc = subprocess.Popen(argv, env=env, stderr=err, cwd=ROOT)
-        _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - started
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0:
-        sys.exit(f"{name} failed ({code}); see {log}")
-    row = {"step": name, "wall_s": round(wall, 1), "peak_gb": round(usage.ru_maxrss / 1e6, 2)}
+def step(name: str, argv: list[str], src: Path, log: Path) -> dict:
+    row = run_child(name, argv, log, src)
     print(row, flush=True)
     return row
 
@@ -87,17 +76,17 @@ def main() -> None:
         argv = [*py, __file__, "--setup-only", "--n", str(args.n), "--loci", str(args.loci)]
         argv += ["--batches", str(args.batches), "--groups", str(args.groups)]
         argv += ["--seed", str(args.seed), "--dir", str(d)]
-        rows.append(run_child("simulate + baselines", argv, ROOT / "src", d / "setup.log"))
+        rows.append(step("simulate + baselines", argv, ROOT / "src", d / "setup.log"))
     common = ["--batch-key", "batch", "--label-key", "label", "--seed", str(args.seed)]
     common += ["--max-samples", str(args.max_samples)]
     if "metrics" in args.steps:
         argv = [*py, "-m", "locusformer", "metrics", "--uncorrected", str(paths["uncorrected"])]
         for m, path in paths.items():
             argv += ["--result", f"{m}={path}", "--out", f"{m}={d / f'metrics_{m}.tsv'}"]
-        rows.append(run_child("metrics", argv + common, args.src, d / "metrics.log"))
+        rows.append(step("metrics", argv + common, args.src, d / "metrics.log"))
         argv = [*py, "-m", "locusformer", "aggregate-metrics"]
         argv += [str(d / f"metrics_{m}.tsv") for m in METHODS] + ["--out", str(d / "metrics.tsv")]
-        rows.append(run_child("aggregate-metrics", argv, args.src, d / "aggregate.log"))
+        rows.append(step("aggregate-metrics", argv, args.src, d / "aggregate.log"))
     if "report" in args.steps:
         html = d / "report.html"
         argv = [*py, "-m", "locusformer", "report", "--dataset", "sim"]
@@ -106,7 +95,7 @@ def main() -> None:
         argv += ["--out", str(html)]
         if args.src.resolve() != (ROOT / "src").resolve():
             common = common[:-2]  # an earlier report command had no --max-samples
-        rows.append(run_child("report", argv + common, args.src, d / "report.log"))
+        rows.append(step("report", argv + common, args.src, d / "report.log"))
         print(f"report.html: {html.stat().st_size / 1e6:.2f} MB", flush=True)
     sizes = {m: round(path.stat().st_size / 1e9, 2) for m, path in paths.items()}
     print(f"n {args.n}, loci {args.loci}, max_samples {args.max_samples}; result GB {sizes}")
