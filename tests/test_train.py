@@ -247,20 +247,50 @@ def test_bad_inputs_are_input_errors(data) -> None:
     assert resolve_device("auto").type in ("cpu", "cuda")
 
 
-def test_epoch_plan_keeps_small_data_and_shrinks_large() -> None:
+def test_epoch_plan_keeps_small_data_and_sizes_large_data_epochs_in_steps() -> None:
     from locusformer.train import epoch_plan
 
     tc = TrainConfig(max_epochs=80, max_steps=2000, batch_size=64)
-    assert epoch_plan(1_260, tc) == (80, 1.0)  # 20 steps per epoch: 1600 steps
-    epochs, scale = epoch_plan(100_000, tc)  # 1563 steps per epoch
-    assert epochs == 2 and scale == pytest.approx(2 / 80)
-    assert epoch_plan(10_000_000, tc)[0] == 1
+    assert epoch_plan(1_260, tc) == (80, 1.0, None)  # 20 steps per pass: 1600 steps
+    # 3 steps per pass, not more than ceil(100 / 40): 34 passes reach 100 steps, scaled
+    assert epoch_plan(192, TrainConfig(max_epochs=40, max_steps=100)) == (34, 34 / 40, None)
+    # a pass longer than 2000 / 80 = 25 steps: 80 epochs of 25 minibatches, unscaled
+    assert epoch_plan(100_000, tc) == (80, 1.0, 25)
+    assert epoch_plan(10_000_000, tc) == (80, 1.0, 25)
+    assert epoch_plan(100_000, TrainConfig(max_epochs=80, min_steps=4000)).epochs == 160
 
 
-def test_large_data_runs_the_planned_epochs(data) -> None:
-    # 96 samples, 10% held out: 6 steps of 16 per epoch, so 8 steps take 2 epochs
-    _, history = run(data, train_config=dict(TRAIN, max_epochs=10, max_steps=8))
-    assert len(history) == 2
+def test_epoch_rows_is_a_pass_or_a_draw_without_replacement() -> None:
+    from locusformer.schedule import EpochPlan, epoch_rows
+
+    rows = torch.arange(100, 200)
+    whole = epoch_rows(rows, EpochPlan(3, 1.0), 16, torch.Generator().manual_seed(0))
+    assert sorted(whole.tolist()) == rows.tolist()
+    drawn = epoch_rows(rows, EpochPlan(3, 1.0, 2), 16, torch.Generator().manual_seed(0))
+    assert len(drawn) == 32 and len(set(drawn.tolist())) == 32
+    assert set(drawn.tolist()) <= set(rows.tolist())
+    assert torch.equal(drawn, whole[:32])  # the same shuffle, cut
+
+
+def test_large_data_runs_step_sized_epochs(data) -> None:
+    # 96 samples, 10% held out: 6 steps of 16 per pass, more than 8 / 4 = 2 steps, so
+    # 4 epochs of 2 minibatches run and the ramp-up is not shrunk
+    _, history = run(data, train_config=dict(TRAIN, max_epochs=4, max_steps=8))
+    assert len(history) == 4
+    assert history["adversary_weight"].is_monotonic_increasing
+    assert history["adversary_weight"].iloc[0] < history["adversary_weight"].iloc[-1]
+
+
+def test_validation_scores_a_fixed_draw_of_large_held_out_sets() -> None:
+    from locusformer.schedule import VAL_MAX_SAMPLES, validation_rows
+
+    at_cap = np.arange(0, 2 * VAL_MAX_SAMPLES, 2)
+    np.testing.assert_array_equal(validation_rows(at_cap, 0), at_cap)
+    large = np.arange(0, 4 * VAL_MAX_SAMPLES, 2)
+    drawn = validation_rows(large, 3)
+    assert len(drawn) == VAL_MAX_SAMPLES and np.all(np.diff(drawn) > 0)
+    assert np.isin(drawn, large).all()
+    np.testing.assert_array_equal(drawn, validation_rows(large, 3))
 
 
 def test_compiled_encoder_trains_like_the_eager_one(data, tmp_path: Path) -> None:

@@ -221,9 +221,11 @@ class TrainConfig:
     # rate still high, and the score varied with the seed (cellbench5, three seeds:
     # 0.827-0.853; 40 epochs to the end: 0.838-0.853, in less time).
     max_epochs: int = 40
-    # Optimizer steps an epoch-count setting is sized for. When max_epochs epochs would
-    # take more (large data), fewer epochs run, and the ramp-up and patience shrink by the
-    # same factor: convergence follows the number of updates, not of passes.
+    # Optimizer steps an epoch-count setting is sized for: convergence follows the number
+    # of updates, not of passes. When max_epochs passes would take more (large data), an
+    # epoch is max_steps / max_epochs minibatches of a fresh shuffle instead of a pass,
+    # so the ramp-up and the clusters found at each epoch's start act as on small data
+    # (schedule.epoch_plan).
     max_steps: int = 2000
     # The fewest optimizer steps a run takes. Sized in epochs alone, a bulk study of 50
     # samples got 40 steps at batch size 64 (one a epoch) and a decoder that had not

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from locusformer.config import TrainConfig
@@ -28,17 +30,69 @@ def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]
     return factor
 
 
-def epoch_plan(n_train: int, config: TrainConfig) -> tuple[int, float]:
-    """Epochs to run on ``n_train`` samples, and the factor on epoch-counted settings.
+#: Held-out rows scored at each epoch's end, at most (see validation_rows).
+VAL_MAX_SAMPLES = 10_000
 
-    ``max_epochs``, unless that takes more than ``max_steps`` optimizer steps (then the
-    fewest whole epochs that reach ``max_steps``) or fewer than ``min_steps`` (small data:
-    then the fewest whole epochs that reach ``min_steps``).
+
+class EpochPlan(NamedTuple):
+    """How many epochs a run takes, what one is, and the factor on epoch-counted settings."""
+
+    epochs: int
+    scale: float  # on the ramp-up and patience, which are counted in epochs
+    steps: int | None = None  # minibatches per epoch; None: one pass over the training rows
+
+    def rampup(self, config: TrainConfig) -> float:
+        """Epochs over which the batch-removal weights ramp up."""
+        return config.adversary_rampup_epochs * self.scale
+
+    def patience(self, config: TrainConfig) -> int:
+        """Epochs without improvement before stopping; 0: no early stopping."""
+        return config.patience and max(1, round(config.patience * self.scale))
+
+
+def epoch_plan(n_train: int, config: TrainConfig) -> EpochPlan:
+    """The epochs to run on ``n_train`` samples.
+
+    Small data: ``max_epochs`` passes over the training rows, or the fewest whole passes
+    that reach ``max_steps`` optimizer steps when that is less, or that reach
+    ``min_steps`` when that is more; the epoch-counted settings scale alike.
+
+    Large data, where one pass takes more than ``max_steps / max_epochs`` steps: an epoch
+    is that many minibatches of a fresh shuffle, and ``max_epochs`` of them run, so the
+    ramp-up, the clusters found at each epoch's start and validation act as on small
+    data. Counted in passes, 1M samples ran one epoch of 14,063 steps whose ramp-up was
+    half an epoch: the cluster term used clusters of the untrained latent throughout
+    (BENCHMARKS.md, session 13).
     """
-    steps_per_epoch = math.ceil(n_train / config.batch_size)
-    epochs = min(config.max_epochs, max(1, math.ceil(config.max_steps / steps_per_epoch)))
-    epochs = max(epochs, math.ceil(config.min_steps / steps_per_epoch))
-    return epochs, epochs / config.max_epochs
+    steps_per_pass = math.ceil(n_train / config.batch_size)
+    steps = math.ceil(config.max_steps / config.max_epochs)
+    if steps_per_pass > steps:
+        return EpochPlan(max(config.max_epochs, math.ceil(config.min_steps / steps)), 1.0, steps)
+    epochs = min(config.max_epochs, max(1, math.ceil(config.max_steps / steps_per_pass)))
+    epochs = max(epochs, math.ceil(config.min_steps / steps_per_pass))
+    return EpochPlan(epochs, epochs / config.max_epochs)
+
+
+def epoch_rows(
+    train_rows: torch.Tensor, plan: EpochPlan, batch_size: int, generator: torch.Generator
+) -> torch.Tensor:
+    """The training rows of one epoch, in minibatch order: a pass over them, shuffled, or
+    the first ``plan.steps`` minibatches of a shuffle (a draw without replacement)."""
+    order = train_rows[torch.randperm(len(train_rows), generator=generator)]
+    return order if plan.steps is None else order[: plan.steps * batch_size]
+
+
+def validation_rows(val_idx: np.ndarray, seed: int) -> np.ndarray:
+    """The held-out rows scored at every epoch's end: all of them, or above
+    :data:`VAL_MAX_SAMPLES` a seeded draw of that many (the rest stay out of training).
+
+    With step-sized epochs, 1M samples would otherwise score 100,000 held-out rows 40
+    times, more than the training steps' own work.
+    """
+    if len(val_idx) <= VAL_MAX_SAMPLES:
+        return val_idx
+    rng = np.random.default_rng([seed, 5])
+    return np.sort(rng.choice(val_idx, VAL_MAX_SAMPLES, replace=False))
 
 
 def ramp_at(epoch: int, rampup_epochs: float) -> float:

@@ -59,10 +59,13 @@ from locusformer.losses import Clusters
 from locusformer.model import LocusFormer, Loss, LossWeights
 from locusformer.runtime import autocast, deterministic, seed_everything
 from locusformer.schedule import (
+    EpochPlan,
     configure_optimizer,
     epoch_plan,
+    epoch_rows,
     loss_weights,
     ramp_at,
+    validation_rows,
     warmup_cosine,
 )
 
@@ -103,12 +106,10 @@ class _Run:
     device: torch.device
     fingerprint: str
     n_bad_inputs: int  # non-finite input values, for the divergence message
+    plan: EpochPlan  # the epochs to run, and what one is
     dist: Dist | None = None  # set when training with DistributedDataParallel
     forward: torch.nn.Module | None = None  # the DDP wrapper of model (None: model)
     seed: int = 0
-    epochs: int = 1  # to run in all (see epoch_plan)
-    rampup_epochs: float = 0.0  # of the batch-removal weights, scaled like epochs
-    patience: int = 0  # epochs, scaled like epochs; 0: no early stopping
     batch_prior: torch.Tensor | None = None  # (N,) batch frequencies of the training rows
     # (n, N) on the host: each sample's adversary target (see locusformer.alignment);
     # None: batch_prior for every sample.
@@ -224,6 +225,7 @@ def _train(
     with deterministic(dev.type == "cpu"):
         seed_everything(seed)
         train_idx, val_idx = stratified_split(codes, tc.val_fraction, seed)
+        val_idx = validation_rows(val_idx, seed)
         mean, std = column_stats(X, train_idx)
         layout = build_layout(loci, mc.patch_size, mc.position_scale, mc.coordinate_unit)
         model = LocusFormer(mc, layout, len(batch_names))
@@ -237,9 +239,8 @@ def _train(
         codes_t = torch.from_numpy(codes)
 
         optimizer = configure_optimizer(model, tc)
-        steps_per_epoch = math.ceil(len(train_idx) / tc.batch_size)
-        epochs, scale = epoch_plan(len(train_idx), tc)
-        total_steps = steps_per_epoch * epochs
+        plan = epoch_plan(len(train_idx), tc)
+        total_steps = (plan.steps or math.ceil(len(train_idx) / tc.batch_size)) * plan.epochs
         warmup_steps = max(1, round(tc.warmup_fraction * total_steps))
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, warmup_cosine(total_steps, warmup_steps)
@@ -262,7 +263,7 @@ def _train(
             )
 
         bar = tqdm(
-            total=epochs,
+            total=plan.epochs,
             initial=state.epoch,
             desc="train",
             unit="epoch",
@@ -278,8 +279,7 @@ def _train(
         )  # fmt: skip
         run = _Run(
             model, Xs, codes_t, torch.from_numpy(train_idx), val_idx, optimizer, scheduler,
-            generator, tc, dev, fp, n_bad_inputs, dist, forward, seed, epochs,
-            tc.adversary_rampup_epochs * scale, tc.patience and max(1, round(tc.patience * scale)),
+            generator, tc, dev, fp, n_bad_inputs, plan, dist, forward, seed,
             batch_prior(codes[train_idx], len(batch_names), dev),
             None if targets is None else torch.from_numpy(targets),
             None if covariates is None else torch.from_numpy(covariates),
@@ -311,12 +311,13 @@ def _train_epochs(
     on_epoch_end: Callable[[int, dict[str, float]], None] | None,
     bar: tqdm,
 ) -> None:
-    """Run epochs until ``run.epochs`` or early stopping, updating ``state`` in place."""
+    """Run epochs until ``run.plan.epochs`` or early stopping, updating ``state`` in place."""
     tc, model = run.tc, run.model
-    while state.epoch < run.epochs and not state.stopped:
+    rampup, patience = run.plan.rampup(tc), run.plan.patience(tc)
+    while state.epoch < run.plan.epochs and not state.stopped:
         epoch = state.epoch  # 0-based index of the epoch about to run
         t0 = time.perf_counter()
-        ramp = ramp_at(epoch, run.rampup_epochs)
+        ramp = ramp_at(epoch, rampup)
         model.train()
         row = {"epoch": epoch + 1, **_run_epoch(run, ramp, epoch)}
         row.update(
@@ -330,14 +331,14 @@ def _train_epochs(
         # Early stopping only once the adversary is at full strength: before, the
         # lowest reconstruction loss belongs to the least batch-corrected model.
         monitored = row["val_recon"] if len(run.val_rows) else row["train_recon"]
-        if epoch + 1 >= run.rampup_epochs:
+        if epoch + 1 >= rampup:
             if monitored < state.best_loss:
                 state.best_loss = monitored
                 state.best_state = cpu_state(model)
                 state.bad_epochs = 0
             else:
                 state.bad_epochs += 1
-                state.stopped = 0 < run.patience <= state.bad_epochs
+                state.stopped = 0 < patience <= state.bad_epochs
         state.epoch = epoch + 1
 
         if checkpoint_path is not None:
@@ -380,7 +381,7 @@ def _run_epoch(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
     model, tc, dev = run.model, run.tc, run.device
     weights = loss_weights(tc, ramp)
     clusters = _epoch_clusters(run, weights, epoch)
-    order = run.train_rows[torch.randperm(len(run.train_rows), generator=run.generator)]
+    order = epoch_rows(run.train_rows, run.plan, tc.batch_size, run.generator)
     # Per-step losses stay on the device (no sync per step); checked once per epoch.
     per_step, correct, seen = [], 0, 0
     batches = minibatches(run.Xs, run.codes, order, tc.batch_size, dev, run.targets)
@@ -463,7 +464,7 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
     weights = loss_weights(tc, ramp)
     # Every process finds the same clusters: the same weights and rows, the same seed.
     clusters = _epoch_clusters(run, weights, epoch)
-    order = run.train_rows[torch.randperm(len(run.train_rows), generator=run.generator)]
+    order = epoch_rows(run.train_rows, run.plan, tc.batch_size, run.generator)
     cuda = dev.type == "cuda"
     per_step, correct, seen = [], torch.zeros((), device=dev), 0
     for chunk in order.split(tc.batch_size):
