@@ -11,6 +11,7 @@ import time
 import anndata as ad
 import pandas as pd
 import pytest
+import yaml
 from conda_envs import env_packages, own_imports, rules
 from conftest import ROOT
 from scipy import sparse
@@ -186,3 +187,29 @@ def test_a_query_row_is_mapped_onto_its_reference_scored_and_reported(tmp_path):
             jobs.append(own_imports(record["modules"]))
     assert len(jobs) == 1 and "torch" in jobs[0]
     assert not jobs[0] - set(env_packages(rules()["map"]["env"]))
+
+    # The same query adapted by config alone: the map job runs again (its params changed),
+    # the new batch's own shifts are learned for two epochs, and the query's cells of the
+    # batch the reference was trained on come out bitwise as zero-shot mapping left them.
+    zero_shot = corrected
+    (tmp_path / "config" / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "datasets": "config/datasets.tsv",
+                **TINY_CONFIG,
+                "baselines": [],
+                "map": {"adapt_epochs": 2},
+            }
+        )
+    )
+    result = _snakemake(workdir, "--cores", "2", "results/query/corrected.parquet", env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    mapping = json.loads((out / "mapping.json").read_text())
+    assert mapping["adapted"] is True and mapping["adapt_epochs"] == 2
+    assert len(mapping["adaptation_history"]) == 2
+    adapted = pd.read_parquet(out / "corrected.parquet")
+    assert adapted.index.tolist() == zero_shot.index.tolist()
+    new = (samples["protocol"] == NEW_BATCH).to_numpy()
+    assert new.any() and (~new).any()
+    pd.testing.assert_frame_equal(adapted[~new], zero_shot[~new], check_exact=True)
+    assert not adapted[new].equals(zero_shot[new])
