@@ -69,7 +69,8 @@ def main() -> None:
         sys.exit("the two runs scored different (method, metric) pairs")
     both["diff"] = (both["value"] - both["value_other"]).abs()
     changed = both[(both["diff"] > 0) | (both["status"] != both["status_other"])]
-    print(changed[["method", "metric", "value", "value_other", "diff"]].to_string(index=False))
+    if len(changed):
+        print(changed[["method", "metric", "value", "value_other", "diff"]].to_string(index=False))
     print(f"{len(both)} values compared; largest absolute difference {both['diff'].max():.3g}")
 
 

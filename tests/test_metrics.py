@@ -53,6 +53,8 @@ def scib_direct(x: np.ndarray, x_pre: np.ndarray, labels, batches) -> dict[str, 
     nn = compute_neighbors(x, 90)
     km = scib_metrics.nmi_ari_cluster_labels_kmeans(x, labels)
     sil = scib_metrics.bras if hasattr(scib_metrics, "bras") else scib_metrics.silhouette_batch
+    with metrics.seeded_eigsh(0):  # as score_method does: kBET's diffusion is seeded
+        kbet = scib_metrics.kbet_per_label(nn.subset_neighbors(50), batches, labels)
     return {
         "Isolated labels": scib_metrics.isolated_labels(x, labels, batches),
         "KMeans NMI": km["nmi"],
@@ -61,7 +63,7 @@ def scib_direct(x: np.ndarray, x_pre: np.ndarray, labels, batches) -> dict[str, 
         "cLISI": scib_metrics.clisi_knn(nn, labels),
         SIL: sil(x, labels, batches),
         "iLISI": scib_metrics.ilisi_knn(nn, batches),
-        "KBET": scib_metrics.kbet_per_label(nn.subset_neighbors(50), batches, labels),
+        "KBET": kbet,
         "Graph connectivity": scib_metrics.graph_connectivity(nn.subset_neighbors(15), labels),
         "PCR comparison": scib_metrics.pcr_comparison(x_pre, x, batches, categorical=True),
     }
@@ -97,6 +99,41 @@ def test_neighbours_are_exact_and_include_self(data) -> None:
     dist, _ = NearestNeighbors(n_neighbors=90).fit(rep).kneighbors(rep)
     np.testing.assert_array_equal(nn.indices[:, 0], np.arange(rep.shape[0]))
     np.testing.assert_allclose(nn.distances, dist, rtol=1e-5, atol=1e-5)
+
+
+def test_kbet_is_a_function_of_the_data_and_the_seed(data) -> None:
+    """kBET per label embeds a label's disconnected kNN graph by diffusion (ARPACK), whose
+    starting vector SciPy draws from the OS's entropy unless given: scored three times,
+    the uncorrected fixture's kBET took 0.0 and 0.333 before the draw was seeded."""
+    import scipy.sparse.linalg
+
+    original = scipy.sparse.linalg.eigsh
+    x = scoring_representation(data["uncorrected"], seed=0)
+    nn = compute_neighbors(x, 90).subset_neighbors(50)
+    labels = data["uncorrected"].obs["cell_type"].astype(str).to_numpy()
+    batches = data["uncorrected"].obs["batch"].astype(str).to_numpy()
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("v0"))
+        return original(*args, **kwargs)
+
+    scipy.sparse.linalg.eigsh = counted
+    try:
+        scores = []
+        for _ in range(3):
+            with metrics.seeded_eigsh(0):
+                scores.append(scib_metrics.kbet_per_label(nn, batches, labels))
+        assert scipy.sparse.linalg.eigsh is counted  # put back after each block
+    finally:
+        scipy.sparse.linalg.eigsh = original
+    assert calls and all(v0 is not None for v0 in calls)  # the diffusion path ran, seeded
+    per_block = len(calls) // 3
+    for a, b in zip(calls[:per_block], calls[per_block : 2 * per_block], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert scores[0] == scores[1] == scores[2]
+    df = score_method(data["uncorrected"], data["uncorrected"], "batch", "cell_type", seed=0)
+    assert values(df)["KBET"] == pytest.approx(scores[0], abs=1e-12)
 
 
 def test_within_batch_knn_jaccard_by_hand() -> None:
