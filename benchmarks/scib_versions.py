@@ -6,9 +6,8 @@ own command, from this checkout's ``src/``) under each of two interpreters, each
 scib-metrics installed, and prints every (method, metric) whose value differs, the largest
 absolute difference, and each run's wall time.
 
-    ~/.pyenv/versions/3.12.1/bin/python3.12 -m venv /tmp/sm06
-    /tmp/sm06/bin/pip install scib-metrics==0.6.1 anndata==0.12.19 scanpy==1.11.5 \
-        jax==0.10.2 jaxlib==0.10.2 numpy==2.4.6 pandas==2.3.3 pyarrow  # the lock's pins
+    # /tmp/sm06: Python 3.12 with scib-metrics 0.6.1 and requirements.lock's pins of the
+    # rest the metrics job imports (the install command: BENCHMARKS.md, session 15)
     .venv/bin/python benchmarks/scib_versions.py results/cellbench_demo \
         --batch-key protocol --label-key cell_line --other /tmp/sm06/bin/python
 

@@ -11,7 +11,6 @@ import time
 import anndata as ad
 import pandas as pd
 import pytest
-import yaml
 from conda_envs import env_packages, own_imports, rules
 from conftest import ROOT
 from scipy import sparse
@@ -192,16 +191,7 @@ def test_a_query_row_is_mapped_onto_its_reference_scored_and_reported(tmp_path):
     # the new batch's own shifts are learned for two epochs, and the query's cells of the
     # batch the reference was trained on come out bitwise as zero-shot mapping left them.
     zero_shot = corrected
-    (tmp_path / "config" / "config.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "datasets": "config/datasets.tsv",
-                **TINY_CONFIG,
-                "baselines": [],
-                "map": {"adapt_epochs": 2},
-            }
-        )
-    )
+    _workdir(tmp_path, {**TINY_CONFIG, "baselines": [], "map": {"adapt_epochs": 2}}, rows)
     result = _snakemake(workdir, "--cores", "2", "results/query/corrected.parquet", env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     mapping = json.loads((out / "mapping.json").read_text())
