@@ -29,6 +29,7 @@ LAYERS = {
     "checks": 1,
     "results": 1,
     "subsample": 1,
+    "neighbors": 1,
     "tables": 1,
     "parquet": 2,
     "diagram": 2,

@@ -12,17 +12,12 @@ from conftest import synthetic_groups
 from sklearn.decomposition import PCA
 from sklearn.neighbors import NearestNeighbors
 
-from locusformer import metrics
+from locusformer import metrics, neighbors
 from locusformer.baselines import failed_result, run_method
 from locusformer.cli import main
 from locusformer.errors import InputError
-from locusformer.metrics import (
-    compute_neighbors,
-    neighbor_sizes,
-    score_method,
-    scoring_representation,
-    within_batch_knn_jaccard,
-)
+from locusformer.metrics import score_method, scoring_representation
+from locusformer.neighbors import compute_neighbors, neighbor_sizes, within_batch_knn_jaccard
 from locusformer.results import make_result, write_result
 
 BIO = ["Isolated labels", "KMeans NMI", "KMeans ARI", "Silhouette label", "cLISI"]
@@ -53,7 +48,7 @@ def scib_direct(x: np.ndarray, x_pre: np.ndarray, labels, batches) -> dict[str, 
     nn = compute_neighbors(x, 90)
     km = scib_metrics.nmi_ari_cluster_labels_kmeans(x, labels)
     sil = scib_metrics.bras if hasattr(scib_metrics, "bras") else scib_metrics.silhouette_batch
-    with metrics.seeded_eigsh(0):  # as score_method does: kBET's diffusion is seeded
+    with neighbors.seeded_eigsh(0):  # as score_method does: kBET's diffusion is seeded
         kbet = scib_metrics.kbet_per_label(nn.subset_neighbors(50), batches, labels)
     return {
         "Isolated labels": scib_metrics.isolated_labels(x, labels, batches),
@@ -73,9 +68,9 @@ def scib_direct(x: np.ndarray, x_pre: np.ndarray, labels, batches) -> dict[str, 
 
 
 def test_neighbor_sizes_adapt_to_small_studies() -> None:
-    assert neighbor_sizes(1000) == metrics.NeighborSizes(15, 50, 90)
-    assert neighbor_sizes(50) == metrics.NeighborSizes(15, 49, 49)
-    assert neighbor_sizes(12) == metrics.NeighborSizes(11, 11, 11)
+    assert neighbor_sizes(1000) == neighbors.NeighborSizes(15, 50, 90)
+    assert neighbor_sizes(50) == neighbors.NeighborSizes(15, 49, 49)
+    assert neighbor_sizes(12) == neighbors.NeighborSizes(11, 11, 11)
 
 
 def test_scored_representation_is_the_pca_of_the_corrected_matrix(data) -> None:
@@ -121,7 +116,7 @@ def test_kbet_is_a_function_of_the_data_and_the_seed(data, monkeypatch) -> None:
     monkeypatch.setattr(scipy.sparse.linalg, "eigsh", counted)
     scores = []
     for _ in range(3):
-        with metrics.seeded_eigsh(0):
+        with neighbors.seeded_eigsh(0):
             scores.append(scib_metrics.kbet_per_label(nn, batches, labels))
     assert scipy.sparse.linalg.eigsh is counted  # put back after each block
     assert calls and all(v0 is not None for v0 in calls)  # the diffusion path ran, seeded

@@ -9,9 +9,10 @@ Every method of a dataset is scored the same way, on the same samples: all of th
   of the corrected matrix) for ``representation="matrix"`` results and ``.obsm["X_emb"]``
   as it is for embeddings;
 * one k-nearest-neighbour graph per representation, computed the same way for every method
-  (exact Euclidean kNN up to :data:`EXACT_KNN_MAX_SAMPLES` samples, else pynndescent as in
-  scib-metrics), with ``k = min(90, n_samples - 1)`` neighbours (self included); the
-  15- and 50-neighbour graphs of scIB are subsets of it (``min(15, k)``, ``min(50, k)``);
+  by :mod:`locusformer.neighbors` (exact Euclidean kNN up to 20,000 samples, else
+  pynndescent as in scib-metrics), with ``k = min(90, n_samples - 1)`` neighbours (self
+  included); the 15- and 50-neighbour graphs of scIB are subsets of it (``min(15, k)``,
+  ``min(50, k)``);
 * values are the ABSOLUTE metric values as scib-metrics returns them (already in [0, 1],
   higher is better), never min-max scaled across methods; the batch score is the mean of
   the batch metrics, the bio score the mean of the bio metrics (NaN metrics left out) and
@@ -33,14 +34,12 @@ within-batch neighbourhood preserved; the uncorrected data score 1 by constructi
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import anndata as ad
@@ -49,17 +48,19 @@ import pandas as pd
 
 from locusformer import atomic, result_rows, subsample
 from locusformer.errors import InputError, one_line
+from locusformer.neighbors import (
+    WITHIN_BATCH_K,
+    compute_neighbors,
+    neighbor_sizes,
+    seeded_eigsh,
+    within_batch_knn_jaccard,
+)
 from locusformer.pca import n_pcs, pca
 from locusformer.result_rows import ResultFile, read_result
 from locusformer.results import EMBEDDING_KEY
 
 log = logging.getLogger(__name__)
 
-#: exact kNN (brute force) up to this many samples, pynndescent above
-EXACT_KNN_MAX_SAMPLES = 20_000
-#: scIB neighbourhood sizes (graph connectivity, kBET, LISI), capped at n_samples - 1
-SCIB_NEIGHBORS = (15, 50, 90)
-WITHIN_BATCH_K = 15
 BATCH_WEIGHT = 0.4
 BIO_WEIGHT = 0.6
 
@@ -117,37 +118,6 @@ def metric_names(with_labels: bool) -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------- building blocks
 
 
-@dataclass(frozen=True)
-class NeighborSizes:
-    """Neighbourhood sizes (self included) used for every method of a dataset."""
-
-    graph: int  # graph connectivity (scIB: 15)
-    kbet: int  # kBET (scIB: 50)
-    lisi: int  # iLISI / cLISI, and the size of the one graph computed (scIB: 90)
-
-
-def neighbor_sizes(n_obs: int) -> NeighborSizes:
-    """scIB's 15/50/90 neighbours, each capped at ``n_obs - 1``."""
-    kmax = max(1, min(max(SCIB_NEIGHBORS), n_obs - 1))
-    return NeighborSizes(
-        graph=min(SCIB_NEIGHBORS[0], kmax), kbet=min(SCIB_NEIGHBORS[1], kmax), lisi=kmax
-    )
-
-
-def compute_neighbors(x: np.ndarray, n_neighbors: int, seed: int = 0):
-    """Euclidean kNN of every sample (itself included) as scib-metrics ``NeighborsResults``."""
-    from scib_metrics.nearest_neighbors import NeighborsResults, pynndescent
-
-    x = np.asarray(x, dtype=np.float32)
-    if x.shape[0] > EXACT_KNN_MAX_SAMPLES:
-        return pynndescent(x, n_neighbors=n_neighbors, random_state=seed)
-    from sklearn.neighbors import NearestNeighbors
-
-    nn = NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute").fit(x)
-    distances, indices = nn.kneighbors(x)
-    return NeighborsResults(indices=indices.astype(np.int64), distances=distances)
-
-
 def scoring_representation(result: ad.AnnData, seed: int = 0) -> np.ndarray:
     """What is scored: PCA of ``.X`` for matrix results, ``.obsm["X_emb"]`` for embeddings."""
     representation = result.uns.get("representation", "matrix")
@@ -163,39 +133,6 @@ def scoring_representation(result: ad.AnnData, seed: int = 0) -> np.ndarray:
     if not np.isfinite(x).all():
         raise ValueError("corrected matrix has non-finite values")
     return pca(x, n_pcs(x.shape[0], x.shape[1]), seed).astype(np.float32)
-
-
-def _knn_without_self(x: np.ndarray, k: int) -> np.ndarray:
-    from sklearn.neighbors import NearestNeighbors
-
-    idx = NearestNeighbors(n_neighbors=k + 1, algorithm="brute").fit(x).kneighbors(x)[1]
-    out = np.empty((x.shape[0], k), dtype=np.int64)
-    for i, row in enumerate(idx):
-        row = row[row != i]
-        out[i] = row[:k]
-    return out
-
-
-def within_batch_knn_jaccard(
-    x_pre: np.ndarray, x_post: np.ndarray, batches: np.ndarray, k: int = WITHIN_BATCH_K
-) -> float:
-    """Mean Jaccard overlap of each sample's same-batch kNN before and after integration.
-
-    ``k`` is capped at ``batch size - 1`` per batch; batches with one sample are skipped.
-    """
-    batches = np.asarray(batches)
-    scores: list[float] = []
-    for b in pd.unique(batches):
-        idx = np.flatnonzero(batches == b)
-        if idx.size < 2:
-            continue
-        kb = min(k, idx.size - 1)
-        pre = _knn_without_self(np.asarray(x_pre)[idx], kb)
-        post = _knn_without_self(np.asarray(x_post)[idx], kb)
-        for a, c in zip(pre, post, strict=True):
-            inter = np.intersect1d(a, c, assume_unique=True).size
-            scores.append(inter / (2 * kb - inter))
-    return float(np.mean(scores)) if scores else float("nan")
 
 
 # --------------------------------------------------------------------------- scoring
@@ -256,34 +193,6 @@ def _labels_usable(obs: pd.DataFrame, label_key: str | None) -> bool:
         log.warning("label column %r has one value: scoring biology without labels", label_key)
         return False
     return True
-
-
-@contextlib.contextmanager
-def seeded_eigsh(seed: int) -> Iterator[None]:
-    """ARPACK's starting vectors drawn from ``seed`` while the block runs.
-
-    scib-metrics' kBET per label embeds each label's kNN graph by diffusion when it is not
-    connected, through ``scipy.sparse.linalg.eigsh`` without a starting vector; SciPy 1.17
-    then draws one from the operating system's entropy, so the same data scored twice gave
-    different kBET values (0.0 and 0.333 for one label of a 180-sample test). Here every
-    call without ``v0`` gets one from a generator seeded anew for the block, as ARPACK
-    would draw it (uniform on [-1, 1]), so a score is a function of the data and the seed.
-    """
-    import scipy.sparse.linalg as linalg
-
-    eigsh = linalg.eigsh
-    rng = np.random.default_rng(seed)
-
-    def seeded(A, *args, **kwargs):
-        if kwargs.get("v0") is None and len(args) < 5:  # v0 is eigsh's sixth parameter
-            kwargs["v0"] = rng.uniform(-1.0, 1.0, A.shape[0])
-        return eigsh(A, *args, **kwargs)
-
-    linalg.eigsh = seeded
-    try:
-        yield
-    finally:
-        linalg.eigsh = eigsh
 
 
 def score_method(

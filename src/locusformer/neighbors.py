@@ -1,0 +1,115 @@
+"""The neighbour graphs the scIB metrics are scored on, built the same way for every method.
+
+One k-nearest-neighbour graph per representation: exact Euclidean kNN up to
+:data:`EXACT_KNN_MAX_SAMPLES` samples, pynndescent above (as scib-metrics documents), with
+scIB's 15/50/90 neighbourhood sizes capped at ``n_samples - 1``; the label-free biology
+score (within-batch kNN Jaccard); and the seeding that makes kBET's diffusion embedding a
+function of the data and the seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+#: exact kNN (brute force) up to this many samples, pynndescent above
+EXACT_KNN_MAX_SAMPLES = 20_000
+#: scIB neighbourhood sizes (graph connectivity, kBET, LISI), capped at n_samples - 1
+SCIB_NEIGHBORS = (15, 50, 90)
+WITHIN_BATCH_K = 15
+
+
+@dataclass(frozen=True)
+class NeighborSizes:
+    """Neighbourhood sizes (self included) used for every method of a dataset."""
+
+    graph: int  # graph connectivity (scIB: 15)
+    kbet: int  # kBET (scIB: 50)
+    lisi: int  # iLISI / cLISI, and the size of the one graph computed (scIB: 90)
+
+
+def neighbor_sizes(n_obs: int) -> NeighborSizes:
+    """scIB's 15/50/90 neighbours, each capped at ``n_obs - 1``."""
+    kmax = max(1, min(max(SCIB_NEIGHBORS), n_obs - 1))
+    return NeighborSizes(
+        graph=min(SCIB_NEIGHBORS[0], kmax), kbet=min(SCIB_NEIGHBORS[1], kmax), lisi=kmax
+    )
+
+
+def compute_neighbors(x: np.ndarray, n_neighbors: int, seed: int = 0):
+    """Euclidean kNN of every sample (itself included) as scib-metrics ``NeighborsResults``."""
+    from scib_metrics.nearest_neighbors import NeighborsResults, pynndescent
+
+    x = np.asarray(x, dtype=np.float32)
+    if x.shape[0] > EXACT_KNN_MAX_SAMPLES:
+        return pynndescent(x, n_neighbors=n_neighbors, random_state=seed)
+    from sklearn.neighbors import NearestNeighbors
+
+    nn = NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute").fit(x)
+    distances, indices = nn.kneighbors(x)
+    return NeighborsResults(indices=indices.astype(np.int64), distances=distances)
+
+
+def _knn_without_self(x: np.ndarray, k: int) -> np.ndarray:
+    from sklearn.neighbors import NearestNeighbors
+
+    idx = NearestNeighbors(n_neighbors=k + 1, algorithm="brute").fit(x).kneighbors(x)[1]
+    out = np.empty((x.shape[0], k), dtype=np.int64)
+    for i, row in enumerate(idx):
+        row = row[row != i]
+        out[i] = row[:k]
+    return out
+
+
+def within_batch_knn_jaccard(
+    x_pre: np.ndarray, x_post: np.ndarray, batches: np.ndarray, k: int = WITHIN_BATCH_K
+) -> float:
+    """Mean Jaccard overlap of each sample's same-batch kNN before and after integration.
+
+    ``k`` is capped at ``batch size - 1`` per batch; batches with one sample are skipped.
+    """
+    batches = np.asarray(batches)
+    scores: list[float] = []
+    for b in pd.unique(batches):
+        idx = np.flatnonzero(batches == b)
+        if idx.size < 2:
+            continue
+        kb = min(k, idx.size - 1)
+        pre = _knn_without_self(np.asarray(x_pre)[idx], kb)
+        post = _knn_without_self(np.asarray(x_post)[idx], kb)
+        for a, c in zip(pre, post, strict=True):
+            inter = np.intersect1d(a, c, assume_unique=True).size
+            scores.append(inter / (2 * kb - inter))
+    return float(np.mean(scores)) if scores else float("nan")
+
+
+@contextlib.contextmanager
+def seeded_eigsh(seed: int) -> Iterator[None]:
+    """ARPACK's starting vectors drawn from ``seed`` while the block runs.
+
+    scib-metrics' kBET per label embeds each label's kNN graph by diffusion when it is not
+    connected, through ``scipy.sparse.linalg.eigsh`` without a starting vector; SciPy 1.17
+    then draws one from the operating system's entropy, so the same data scored twice gave
+    different kBET values (0.0 and 0.333 for one label of a 180-sample test). Here every
+    call without ``v0`` gets one from a generator seeded anew for the block, as ARPACK
+    would draw it (uniform on [-1, 1]), so a score is a function of the data and the seed.
+    """
+    import scipy.sparse.linalg as linalg
+
+    eigsh = linalg.eigsh
+    rng = np.random.default_rng(seed)
+
+    def seeded(A, *args, **kwargs):
+        if kwargs.get("v0") is None and len(args) < 5:  # v0 is eigsh's sixth parameter
+            kwargs["v0"] = rng.uniform(-1.0, 1.0, A.shape[0])
+        return eigsh(A, *args, **kwargs)
+
+    linalg.eigsh = seeded
+    try:
+        yield
+    finally:
+        linalg.eigsh = eigsh
