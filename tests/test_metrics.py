@@ -48,7 +48,8 @@ def scib_direct(x: np.ndarray, x_pre: np.ndarray, labels, batches) -> dict[str, 
     nn = compute_neighbors(x, 90)
     km = scib_metrics.nmi_ari_cluster_labels_kmeans(x, labels)
     sil = scib_metrics.bras if hasattr(scib_metrics, "bras") else scib_metrics.silhouette_batch
-    with neighbors.seeded_eigsh(0):  # as score_method does: kBET's diffusion is seeded
+    # as score_method does: kBET's diffusion map seeded, its neighbours found exactly
+    with neighbors.seeded_eigsh(0), neighbors.exact_diffusion_neighbors():
         kbet = scib_metrics.kbet_per_label(nn.subset_neighbors(50), batches, labels)
     return {
         "Isolated labels": scib_metrics.isolated_labels(x, labels, batches),
@@ -96,6 +97,29 @@ def test_neighbours_are_exact_and_include_self(data) -> None:
     np.testing.assert_allclose(nn.distances, dist, rtol=1e-5, atol=1e-5)
 
 
+def test_kbet_diffusion_neighbours_are_exact_below_the_limit(monkeypatch) -> None:
+    from scib_metrics import nearest_neighbors as scib_nn
+    from scib_metrics.utils import _diffusion_nn
+
+    x = np.random.default_rng(0).normal(size=(300, 20)).astype(np.float32)
+    approximate = []
+
+    def spy(data, n_neighbors, random_state=0, n_jobs=1):
+        approximate.append(data.shape)
+        return "pynndescent"
+
+    monkeypatch.setattr(scib_nn, "pynndescent", spy)
+    with neighbors.exact_diffusion_neighbors():
+        found = _diffusion_nn.nearest_neighbors.pynndescent(x, 11)
+        monkeypatch.setattr(neighbors, "EXACT_KNN_MAX_SAMPLES", 299)
+        above = _diffusion_nn.nearest_neighbors.pynndescent(x, 11)
+    assert _diffusion_nn.nearest_neighbors is scib_nn  # put back after the block
+    np.testing.assert_array_equal(
+        found.indices, NearestNeighbors(n_neighbors=11).fit(x).kneighbors(x)[1]
+    )
+    assert above == "pynndescent" and approximate == [(300, 20)]
+
+
 def test_kbet_is_a_function_of_the_data_and_the_seed(data, monkeypatch) -> None:
     """kBET per label embeds a label's disconnected kNN graph by diffusion (ARPACK), whose
     starting vector SciPy draws from the OS's entropy unless given: scored three times,
@@ -115,8 +139,8 @@ def test_kbet_is_a_function_of_the_data_and_the_seed(data, monkeypatch) -> None:
 
     monkeypatch.setattr(scipy.sparse.linalg, "eigsh", counted)
     scores = []
-    for _ in range(3):
-        with neighbors.seeded_eigsh(0):
+    for _ in range(3):  # as score_method scores it (exact diffusion neighbours: no numba)
+        with neighbors.seeded_eigsh(0), neighbors.exact_diffusion_neighbors():
             scores.append(scib_metrics.kbet_per_label(nn, batches, labels))
     assert scipy.sparse.linalg.eigsh is counted  # put back after each block
     assert calls and all(v0 is not None for v0 in calls)  # the diffusion path ran, seeded

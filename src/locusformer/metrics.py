@@ -12,7 +12,9 @@ Every method of a dataset is scored the same way, on the same samples: all of th
   by :mod:`locusformer.neighbors` (exact Euclidean kNN up to 20,000 samples, else
   pynndescent as in scib-metrics), with ``k = min(90, n_samples - 1)`` neighbours (self
   included); the 15- and 50-neighbour graphs of scIB are subsets of it (``min(15, k)``,
-  ``min(50, k)``);
+  ``min(50, k)``); kBET per label's neighbours in each label's diffusion map are found by
+  the same rule (scib-metrics takes them from pynndescent at every size), with ARPACK's
+  starting vector drawn from the seed;
 * values are the ABSOLUTE metric values as scib-metrics returns them (already in [0, 1],
   higher is better), never min-max scaled across methods; the batch score is the mean of
   the batch metrics, the bio score the mean of the bio metrics (NaN metrics left out) and
@@ -51,6 +53,7 @@ from locusformer.errors import InputError, one_line
 from locusformer.neighbors import (
     WITHIN_BATCH_K,
     compute_neighbors,
+    exact_diffusion_neighbors,
     neighbor_sizes,
     seeded_eigsh,
     within_batch_knn_jaccard,
@@ -310,7 +313,7 @@ def score_method(
         run(sil_name, lambda: scib_metrics.silhouette_batch(x, labels, batches), True)
     run("iLISI", lambda: scib_metrics.ilisi_knn(nn, batches), needs_batches=True)
     if with_labels:
-        with seeded_eigsh(seed):
+        with seeded_eigsh(seed), exact_diffusion_neighbors():
             run("KBET", lambda: scib_metrics.kbet_per_label(nn_kbet, batches, labels), True)
         run("Graph connectivity", lambda: scib_metrics.graph_connectivity(nn_graph, labels))
     else:
@@ -379,9 +382,9 @@ def run_dataset_metrics(
     each method to its result file and to its metrics TSV (written once all are scored).
 
     Each method's values are the ones :func:`run_metrics` gives it alone; what is paid once
-    instead of once per method is the imports, the JIT compilation (numba's of pynndescent
-    and UMAP for kBET, JAX's for the rest: most of one method's time on small data) and
-    the uncorrected result's PCA. Results are read one at a time: whole up to
+    instead of once per method is the imports, the JIT compilation (numba's of UMAP's
+    fuzzy simplicial set for kBET, JAX's for the rest: most of one method's time on small
+    data) and the uncorrected result's PCA. Results are read one at a time: whole up to
     ``max_samples``, above it only the subsample's rows, the subsample drawn from the
     uncorrected result's sample table (:mod:`locusformer.result_rows`).
     """

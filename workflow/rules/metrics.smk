@@ -1,5 +1,6 @@
 # One job per dataset scores every method in one process: the JIT compilation (numba's
-# for kBET, JAX's for the rest) and the uncorrected PCA are paid once, not per method.
+# of UMAP's graph for kBET, JAX's for the rest) and the uncorrected PCA are paid once, not
+# per method.
 # One BLAS thread: the matrices scored are n x 50, and on shared cores OpenBLAS's second
 # thread made the PCA and kBET many times slower (same scores); JAX's own thread pool
 # still uses the job's cores. Above metrics.max_samples samples every method is scored on
