@@ -130,14 +130,8 @@ def exact_diffusion_neighbors() -> Iterator[None]:
     from scib_metrics.utils import _diffusion_nn
 
     module = _diffusion_nn.nearest_neighbors
-    approximate = module.pynndescent
-
-    def neighbours(x, n_neighbors: int, random_state: int = 0, n_jobs: int = 1):
-        if np.shape(x)[0] > EXACT_KNN_MAX_SAMPLES:
-            return approximate(x, n_neighbors, random_state, n_jobs)
-        return compute_neighbors(x, n_neighbors, random_state)
-
-    _diffusion_nn.nearest_neighbors = SimpleNamespace(pynndescent=neighbours)
+    # diffusion_nn calls nearest_neighbors.pynndescent(embedding, n_neighbors=k + 1)
+    _diffusion_nn.nearest_neighbors = SimpleNamespace(pynndescent=compute_neighbors)
     try:
         yield
     finally:
