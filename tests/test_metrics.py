@@ -113,11 +113,14 @@ def test_kbet_diffusion_neighbours_are_exact_below_the_limit(monkeypatch) -> Non
         found = _diffusion_nn.nearest_neighbors.pynndescent(x, 11)
         monkeypatch.setattr(neighbors, "EXACT_KNN_MAX_SAMPLES", 299)
         above = _diffusion_nn.nearest_neighbors.pynndescent(x, 11)
+        monkeypatch.setattr(neighbors, "EXACT_KNN_MAX_SAMPLES", 20_000)
+        # kBET's k0 + 1 = 11 neighbours of a 10-sample label: no exact answer
+        too_small = _diffusion_nn.nearest_neighbors.pynndescent(x[:10], 11)
     assert _diffusion_nn.nearest_neighbors is scib_nn  # put back after the block
     np.testing.assert_array_equal(
         found.indices, NearestNeighbors(n_neighbors=11).fit(x).kneighbors(x)[1]
     )
-    assert above == "pynndescent" and approximate == [(300, 20)]
+    assert above == too_small == "pynndescent" and approximate == [(300, 20), (10, 20)]
 
 
 def test_kbet_is_a_function_of_the_data_and_the_seed(data, monkeypatch) -> None:

@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -126,12 +127,24 @@ def exact_diffusion_neighbors() -> Iterator[None]:
     an exact search takes milliseconds. While the block runs, embeddings of up to
     :data:`EXACT_KNN_MAX_SAMPLES` samples get the exact Euclidean neighbours (the rule every
     other graph scored here follows), larger ones pynndescent as before.
+
+    A label of no more samples than the neighbours asked for (kBET's k0 is at least 10, so
+    a label of exactly 10 samples) has no exact answer: the exact search refuses it, which
+    kBET would score 0, and pynndescent returns a padded graph that kBET scores 1. Such
+    labels still go to pynndescent, so every score stays what it was (on the confounded
+    pseudo-bulk, labels of 10 samples, kBET is 1 for every method either way).
     """
     from scib_metrics.utils import _diffusion_nn
 
     module = _diffusion_nn.nearest_neighbors
-    # diffusion_nn calls nearest_neighbors.pynndescent(embedding, n_neighbors=k + 1)
-    _diffusion_nn.nearest_neighbors = SimpleNamespace(pynndescent=compute_neighbors)
+
+    def neighbors(x: np.ndarray, n_neighbors: int) -> Any:
+        # diffusion_nn calls nearest_neighbors.pynndescent(embedding, n_neighbors=k + 1)
+        if n_neighbors > x.shape[0]:
+            return module.pynndescent(x, n_neighbors=n_neighbors)
+        return compute_neighbors(x, n_neighbors)
+
+    _diffusion_nn.nearest_neighbors = SimpleNamespace(pynndescent=neighbors)
     try:
         yield
     finally:
