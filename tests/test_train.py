@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from locusformer.correct import correct
+from locusformer.epoch_checks import validate
 from locusformer.errors import InputError
 from locusformer.runtime import resolve_device
 from locusformer.simulate import simulate
@@ -20,7 +21,6 @@ from locusformer.train import (
     TrainConfig,
     TrainedModel,
     TrainingDivergedError,
-    _validate,
     load_model,
     save_model,
     stratified_split,
@@ -156,7 +156,7 @@ def test_returns_the_best_weights(data) -> None:
     codes = np.array([batch_names.index(b) for b in labels])
     _, val = stratified_split(codes, 0.2, 0)
     Xs = model.module.standardize(torch.from_numpy(X))
-    val_recon = _validate(model.module, Xs, torch.from_numpy(codes), val, 16, torch.device("cpu"))[
+    val_recon = validate(model.module, Xs, torch.from_numpy(codes), val, 16, torch.device("cpu"))[
         "val_recon"
     ]
     assert val_recon == pytest.approx(history["val_recon"].min(), rel=1e-5)

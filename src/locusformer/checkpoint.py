@@ -35,7 +35,7 @@ from locusformer.errors import InputError
 from locusformer.model import LocusFormer
 from locusformer.runtime import rng_state, set_rng_state
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 
 
 WEIGHTS_FORMAT = 1
@@ -103,6 +103,7 @@ class TrainingState:
     best_state: dict[str, torch.Tensor] | None = None
     bad_epochs: int = 0
     stopped: bool = False
+    extended: bool = False  # the batches shared every cluster: the run was made longer
     history: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
 
@@ -128,6 +129,7 @@ def save_checkpoint(
         "best_state": state.best_state,
         "bad_epochs": state.bad_epochs,
         "stopped": state.stopped,
+        "extended": state.extended,
         "history": state.history,
     }
     save_atomic(payload, path)
@@ -165,6 +167,7 @@ def resume(
         best_state=ckpt["best_state"],
         bad_epochs=ckpt["bad_epochs"],
         stopped=ckpt["stopped"],
+        extended=ckpt["extended"],
         history=list(ckpt["history"]),
     )
 

@@ -8,7 +8,6 @@ shrinks with it on large data.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -18,16 +17,35 @@ from locusformer.config import TrainConfig
 from locusformer.model import LocusFormer, LossWeights
 
 
-def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
-    """Linear warm-up to 1, then cosine decay to 0 at ``total_steps``."""
+class WarmupCosine:
+    """Linear warm-up to 1, then cosine decay to 0 at ``total_steps``; the factor on the
+    learning rate at each optimizer step.
 
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    A callable object, not a closure, so that ``LambdaLR.state_dict`` saves a
+    :meth:`stretch` with the checkpoint and a resumed run decays as the original did.
+    """
+
+    def __init__(self, total_steps: int, warmup_steps: int) -> None:
+        self.total_steps = total_steps
+        self.warmup_steps = warmup_steps
+        self.stretch_from = total_steps  # steps after this one run slower through the decay
+        self.stretch_factor = 1.0
+
+    def __call__(self, step: int) -> float:
+        at: float = step
+        if step > self.stretch_from:
+            at = self.stretch_from + (step - self.stretch_from) / self.stretch_factor
+        if at < self.warmup_steps:
+            return (at + 1) / self.warmup_steps
+        progress = (at - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps)
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
-    return factor
+    def stretch(self, from_step: int, extra_steps: int) -> None:
+        """Spread the decay left after ``from_step`` over ``extra_steps`` more steps: the
+        factor is unchanged up to ``from_step`` and reaches 0 at the new end."""
+        left = max(1, self.total_steps - from_step)
+        self.stretch_from = from_step
+        self.stretch_factor = (left + extra_steps) / left
 
 
 #: Held-out rows scored at each epoch's end, at most (see validation_rows).
@@ -48,6 +66,11 @@ class EpochPlan(NamedTuple):
     def patience(self, config: TrainConfig) -> int:
         """Epochs without improvement before stopping; 0: no early stopping."""
         return config.patience and max(1, round(config.patience * self.scale))
+
+    def extension(self, config: TrainConfig) -> int:
+        """Epochs added when the batches share every cluster (see
+        ``TrainConfig.shared_extension_epochs``)."""
+        return round(config.shared_extension_epochs * self.scale)
 
 
 def epoch_plan(n_train: int, config: TrainConfig) -> EpochPlan:

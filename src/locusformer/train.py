@@ -53,6 +53,7 @@ from locusformer.data import (
     stratified_split,
 )
 from locusformer.distributed import Dist, gather_rows, init_distributed
+from locusformer.epoch_checks import check_finite, loss_means, validate
 from locusformer.errors import InputError, TrainingDivergedError
 from locusformer.layout import build_layout
 from locusformer.losses import Clusters
@@ -60,17 +61,14 @@ from locusformer.model import LocusFormer, Loss, LossWeights
 from locusformer.runtime import autocast, deterministic, seed_everything
 from locusformer.schedule import (
     EpochPlan,
+    WarmupCosine,
     configure_optimizer,
     epoch_plan,
     epoch_rows,
     loss_weights,
     ramp_at,
     validation_rows,
-    warmup_cosine,
 )
-
-#: The words the divergence message uses for the loss terms that are not plain names.
-_LOSS_WORDS = {"recon": "reconstruction", "batch_mean": "batch mean", "level_mean": "level mean"}
 
 HISTORY_COLUMNS = [
     "epoch",
@@ -243,7 +241,7 @@ def _train(
         total_steps = (plan.steps or math.ceil(len(train_idx) / tc.batch_size)) * plan.epochs
         warmup_steps = max(1, round(tc.warmup_fraction * total_steps))
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, warmup_cosine(total_steps, warmup_steps)
+            optimizer, WarmupCosine(total_steps, warmup_steps)
         )
         generator = torch.Generator().manual_seed(seed)
         state = TrainingState()
@@ -314,14 +312,23 @@ def _train_epochs(
     """Run epochs until ``run.plan.epochs`` or early stopping, updating ``state`` in place."""
     tc, model = run.tc, run.model
     rampup, patience = run.plan.rampup(tc), run.plan.patience(tc)
+    if state.extended:
+        run.plan = run.plan._replace(epochs=run.plan.epochs + run.plan.extension(tc))
     while state.epoch < run.plan.epochs and not state.stopped:
         epoch = state.epoch  # 0-based index of the epoch about to run
         t0 = time.perf_counter()
         ramp = ramp_at(epoch, rampup)
+        weights = loss_weights(tc, ramp)
+        # Under DDP every process finds the same clusters (same weights, rows and seed),
+        # so all of them take the same decision.
+        clusters = _epoch_clusters(run, weights, epoch)
+        if clusters is not None and not state.extended and _all_shared(clusters, epoch, rampup):
+            state.extended = _extend(run)
+            bar.total = run.plan.epochs
         model.train()
-        row = {"epoch": epoch + 1, **_run_epoch(run, ramp, epoch)}
+        row = {"epoch": epoch + 1, **_run_epoch(run, weights, clusters, epoch)}
         row.update(
-            _validate(model, run.Xs, run.codes, run.val_rows, tc.batch_size, run.device, run.dist)
+            validate(model, run.Xs, run.codes, run.val_rows, tc.batch_size, run.device, run.dist)
         )
         row["lr"] = run.scheduler.get_last_lr()[0]
         row["adversary_weight"] = ramp * tc.adversary_weight
@@ -374,13 +381,31 @@ def _step(run: _Run, total: torch.Tensor) -> None:
     run.scheduler.step()
 
 
-def _run_epoch(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
+def _all_shared(clusters: Clusters, epoch: int, rampup: float) -> bool:
+    """Whether ``epoch`` is the cluster term's first and every batch holds a fair share
+    of every cluster (every gate open)."""
+    return (epoch == 0 or ramp_at(epoch - 1, rampup) < 1.0) and bool(clusters.gate.all())
+
+
+def _extend(run: _Run) -> bool:
+    """Add ``plan.extension`` epochs to the run, the learning rate's remaining decay
+    spread over them; returns whether any were added."""
+    extra = run.plan.extension(run.tc)
+    if extra:
+        per_epoch = run.plan.steps or math.ceil(len(run.train_rows) / run.tc.batch_size)
+        for schedule in {id(f): f for f in run.scheduler.lr_lambdas}.values():
+            schedule.stretch(run.scheduler.last_epoch, extra * per_epoch)
+        run.plan = run.plan._replace(epochs=run.plan.epochs + extra)
+    return extra > 0
+
+
+def _run_epoch(
+    run: _Run, weights: LossWeights, clusters: Clusters | None, epoch: int
+) -> dict[str, float]:
     """One pass over the training rows; returns mean losses and discriminator accuracy."""
     if run.dist is not None:
-        return _run_epoch_distributed(run, ramp, epoch)
+        return _run_epoch_distributed(run, weights, clusters, epoch)
     model, tc, dev = run.model, run.tc, run.device
-    weights = loss_weights(tc, ramp)
-    clusters = _epoch_clusters(run, weights, epoch)
     order = epoch_rows(run.train_rows, run.plan, tc.batch_size, run.generator)
     # Per-step losses stay on the device (no sync per step); checked once per epoch.
     per_step, correct, seen = [], 0, 0
@@ -399,8 +424,8 @@ def _run_epoch(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
         correct += (out.batch_logits.argmax(-1) == bb).sum()
         seen += len(bb)
     losses = torch.stack(per_step).cpu()  # (steps, terms)
-    _check_finite(losses, epoch, run.n_bad_inputs)
-    return {**_loss_means(losses), "train_disc_acc": float(correct) / max(1, seen)}
+    check_finite(losses, epoch, run.n_bad_inputs)
+    return {**loss_means(losses), "train_disc_acc": float(correct) / max(1, seen)}
 
 
 def _epoch_clusters(run: _Run, weights: LossWeights, epoch: int) -> Clusters | None:
@@ -446,7 +471,9 @@ def _other_batches(
     return (batch + shift.to(batch.device)) % n_batches
 
 
-def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, float]:
+def _run_epoch_distributed(
+    run: _Run, weights: LossWeights, clusters: Clusters | None, epoch: int
+) -> dict[str, float]:
     """One epoch under DDP: the update one process makes on the same global batches.
 
     Every process draws the same permutation and takes a contiguous share of each global
@@ -461,9 +488,6 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
     # every process's random state.
     stream = np.random.SeedSequence([run.seed, 2, epoch, dist.rank])
     torch.manual_seed(int(stream.generate_state(1)[0]))
-    weights = loss_weights(tc, ramp)
-    # Every process finds the same clusters: the same weights and rows, the same seed.
-    clusters = _epoch_clusters(run, weights, epoch)
     order = epoch_rows(run.train_rows, run.plan, tc.batch_size, run.generator)
     cuda = dev.type == "cuda"
     per_step, correct, seen = [], torch.zeros((), device=dev), 0
@@ -517,73 +541,12 @@ def _run_epoch_distributed(run: _Run, ramp: float, epoch: int) -> dict[str, floa
     losses = losses.cpu()
     recon, adversary, confusion, cycle, batch_mean, mmd, level_mean = losses.unbind(dim=1)
     total = recon + adversary + weights.confusion * confusion + weights.cycle * cycle
-    total = total + ramp * (weights.batch_mean * batch_mean + weights.mmd * mmd)
+    total = total + weights.ramp * (weights.batch_mean * batch_mean + weights.mmd * mmd)
     total = total + weights.level_mean * level_mean
     losses = torch.cat([losses, total[:, None]], dim=1)  # (steps, terms) as on one process
-    _check_finite(losses, epoch, run.n_bad_inputs)
+    check_finite(losses, epoch, run.n_bad_inputs)
     right, total_seen = counts.tolist()
-    return {**_loss_means(losses), "train_disc_acc": right / max(1.0, total_seen)}
-
-
-def _check_finite(losses: torch.Tensor, epoch: int, n_bad_inputs: int) -> None:
-    """Raise TrainingDivergedError at the first step (row of ``losses``) not finite."""
-    bad = (~torch.isfinite(losses)).any(dim=1)
-    if not bool(bad.any()):
-        return
-    step = int(bad.nonzero()[0, 0])
-    words = [_LOSS_WORDS.get(name, name) for name in Loss._fields]
-    values = dict(zip(words, losses[step].tolist(), strict=True))
-    total = values.pop("total")
-    parts = ", ".join(f"{word} {value}" for word, value in values.items())
-    hint = f"; the input has {n_bad_inputs} non-finite values" if n_bad_inputs else ""
-    raise TrainingDivergedError(
-        f"training diverged at epoch {epoch + 1}, step {step + 1}: total loss {total} "
-        f"({parts}){hint}"
-    )
-
-
-def _loss_means(losses: torch.Tensor) -> dict[str, float]:
-    """(steps, terms) per-step losses -> {"train_recon": mean, ...}."""
-    means = losses.mean(dim=0).tolist()
-    return {f"train_{name}": value for name, value in zip(Loss._fields, means, strict=True)}
-
-
-@torch.inference_mode()
-def _validate(
-    model: LocusFormer,
-    Xs: Rows,
-    codes: torch.Tensor,
-    val_rows: np.ndarray,
-    batch_size: int,
-    dev: torch.device,
-    dist: Dist | None = None,
-) -> dict[str, float]:
-    """Reconstruction loss (own batch) and discriminator accuracy on held-out samples.
-
-    The reconstruction is :meth:`LocusFormer.loss`'s, as in training. Under DDP every
-    process scores its share and the sums are added up, so all of them take the same
-    early-stopping decision.
-    """
-    if len(val_rows) == 0:
-        return {"val_recon": math.nan, "val_disc_acc": math.nan}
-    was_training = model.training
-    model.eval()
-    rows = val_rows if dist is None else np.array_split(val_rows, dist.world)[dist.rank]
-    sq, correct = 0.0, 0
-    for xb, bb, _ in minibatches(Xs, codes, torch.from_numpy(rows), max(batch_size, 256), dev):
-        with autocast(dev):
-            out = model(xb, bb)
-        sq += float(model.loss(xb, bb, out, LossWeights()).recon) * xb.numel()
-        correct += int((out.batch_logits.argmax(-1) == bb).sum())
-    model.train(was_training)
-    if dist is not None:
-        sums = torch.tensor([sq, float(correct)], dtype=torch.float64, device=dist.comm_device)
-        torch.distributed.all_reduce(sums)
-        sq, correct = sums.tolist()
-    return {
-        "val_recon": sq / (len(val_rows) * Xs.shape[1]),
-        "val_disc_acc": correct / len(val_rows),
-    }
+    return {**loss_means(losses), "train_disc_acc": right / max(1.0, total_seen)}
 
 
 __all__ = [
