@@ -11,6 +11,7 @@ optional ``"name"`` that stands for it in the table. Every metric of each row go
     .venv/bin/python benchmarks/quality/variants.py --tasks cellbench5_inner --seeds 0 \\
         --variant '{}' --variant '{"training": {"alignment": "shared"}}'
     .venv/bin/python benchmarks/quality/variants.py --tasks protocols --baselines
+    .venv/bin/python benchmarks/quality/variants.py --tasks protocols --baselines harmony sysvi
     .venv/bin/python benchmarks/quality/variants.py --table
 
 Needs ``../shared/data`` (the CellBench files).
@@ -54,7 +55,7 @@ def prepare(tasks: list[str], shared: Path, work: Path) -> None:
     )  # fmt: skip
 
 
-def run(task: str, seeds: list[int], variants: list[str], baselines: bool, work: Path) -> None:
+def run(task: str, seeds: list[int], variants: list[str], baselines: list[str], work: Path) -> None:
     import anndata as ad
     import torch
 
@@ -93,7 +94,7 @@ def run(task: str, seeds: list[int], variants: list[str], baselines: bool, work:
     for seed in seeds:
         if baselines:
             counts = read_matrix_parquet(d / "counts.parquet", "count matrix")
-            for method in BASELINES:
+            for method in baselines:
                 start = time.perf_counter()
                 covariates = ["cell_line"] if method == "combat_mod" else ()
                 result = run_method(
@@ -139,15 +140,20 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=["cellbench5_inner"], choices=TASKS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--variant", action="append", default=[], help="JSON overrides")
-    parser.add_argument("--baselines", action="store_true")
+    parser.add_argument(
+        "--baselines", nargs="*", choices=BASELINES, default=None,
+        help="baselines to run beside the variants (all of them when given alone)",
+    )  # fmt: skip
     parser.add_argument("--table", action="store_true", help="print the tables and stop")
     args = parser.parse_args()
     if args.table:
         table(args.work)
         return
     prepare(args.tasks, args.shared, args.work)
+    # Given alone, --baselines runs all of them.
+    baselines = BASELINES if args.baselines == [] else args.baselines or []
     for task in args.tasks:
-        run(task, args.seeds, args.variant, args.baselines, args.work)
+        run(task, args.seeds, args.variant, baselines, args.work)
 
 
 if __name__ == "__main__":
