@@ -40,9 +40,16 @@ COLUMNS = ["task", "method", "seed", "batch", "bio", "total", "seconds"]
 
 
 def prepare(tasks: list[str], shared: Path, work: Path) -> None:
-    rows = [write_task(t, shared, work / "data") for t in tasks]
-    (work / "config").mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_csv(work / "config" / "datasets.tsv", sep="\t", index=False)
+    rows = pd.DataFrame([write_task(t, shared, work / "data") for t in tasks])
+    sheet = work / "config" / "datasets.tsv"
+    sheet.parent.mkdir(parents=True, exist_ok=True)
+    # The sheet keeps every task prepared in --work, so that two calls on different
+    # tasks can run at once (rewritten with only its own, one call's sheet lacked the
+    # other's rule).
+    if sheet.exists():
+        old = pd.read_csv(sheet, sep="\t", dtype=str)
+        rows = pd.concat([old[~old["name"].isin(rows["name"])], rows.astype(str)])
+    rows.to_csv(sheet, sep="\t", index=False)
     config = {"datasets": "config/datasets.tsv", "seed": 0, "baselines": []}
     (work / "config" / "config.yaml").write_text(yaml.safe_dump(config))
     files = ("ordered.parquet", "loci.parquet", "counts.parquet", "samples.tsv")
