@@ -1,8 +1,8 @@
 """The cluster term acts longer when the batches share every cluster (issue 18).
 
 Where every batch holds a fair share of every cluster of the latent when the term
-starts, the batches hold the same biology and the run takes ``shared_extension_epochs``
-more epochs; where any cluster is left to some batches, the run is exactly as without
+starts, the batches hold the same biology and the run takes ``shared_extension`` of its
+planned epochs more; where any cluster is left to some batches, the run is exactly as without
 the setting.
 """
 
@@ -22,7 +22,7 @@ from locusformer.train import train_corrector
 SMALL = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
 TRAIN = dict(
     max_epochs=4, batch_size=32, batch_mean_clusters=3, adversary_rampup_epochs=2,
-    shared_extension_epochs=3,
+    shared_extension=0.75,
 )  # fmt: skip
 
 
@@ -78,7 +78,7 @@ def _same(a, b) -> bool:
 def test_batches_that_share_every_cluster_train_longer() -> None:
     data = _data(drop_group_from_batch_1=False)
     _, longer = _train(data)
-    _, plain = _train(data, shared_extension_epochs=0)
+    _, plain = _train(data, shared_extension=0)
     assert len(plain) == 4 and len(longer) == 7
     # Identical up to the cluster term's first epoch (the 2nd), where the decay is spread.
     np.testing.assert_array_equal(longer["lr"].iloc[:1], plain["lr"].iloc[:1])
@@ -90,7 +90,7 @@ def test_batches_that_share_every_cluster_train_longer() -> None:
 def test_a_cluster_one_batch_lacks_leaves_the_run_as_it_was() -> None:
     data = _data(drop_group_from_batch_1=True)
     model, history = _train(data)
-    plain, plain_history = _train(data, shared_extension_epochs=0)
+    plain, plain_history = _train(data, shared_extension=0)
     assert len(history) == 4
     assert _same(model, plain)
     np.testing.assert_array_equal(history["train_total"], plain_history["train_total"])

@@ -195,12 +195,13 @@ class TrainConfig:
     # batch, so a minibatch should hold a few samples of each (16 scored lower: 0.786
     # against 0.799 on the skewed five sets, 0.903 against 0.906 on protocols, seed 0).
     batch_mean_clusters: int = 8
-    # Epochs added to the run, the cluster term acting through them, when at its first
-    # epoch every cluster holds a fair share of every batch: the batches hold the same
+    # Epochs added to the run, as a share of its planned epochs (20 at the defaults), the
+    # cluster term acting through them, when at its first epoch every cluster holds a
+    # fair share of every batch: the batches hold the same
     # biology, so no cell type is drawn toward one that some batch lacks, which is how a
     # longer term collapses batches of different mixtures (BENCHMARKS.md, session 12).
     # Where any cluster is left to some batches the run is as without it. 0 disables it.
-    shared_extension_epochs: int = 20
+    shared_extension: float = 0.5
     # With protected covariates only: weight of the batch's share of the latent's
     # variance within each protected level (losses.level_batch_share), from the first
     # epoch. The adversary alone, told the levels, left the batch in the confounded
@@ -268,7 +269,7 @@ class TrainConfig:
             "adversary_rampup_epochs": lambda v: v >= 0,
             "batch_mean_weight": lambda v: v >= 0,
             "batch_mean_clusters": lambda v: v >= 1,
-            "shared_extension_epochs": lambda v: v >= 0,
+            "shared_extension": lambda v: v >= 0,
             "level_mean_weight": lambda v: v >= 0,
             "mmd_weight": lambda v: v >= 0,
             "alignment_neighbors": lambda v: v >= 1,

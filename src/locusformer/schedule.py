@@ -69,8 +69,8 @@ class EpochPlan(NamedTuple):
 
     def extension(self, config: TrainConfig) -> int:
         """Epochs added when the batches share every cluster (see
-        ``TrainConfig.shared_extension_epochs``)."""
-        return round(config.shared_extension_epochs * self.scale)
+        ``TrainConfig.shared_extension``): a share of the planned epochs."""
+        return round(config.shared_extension * self.epochs)
 
 
 def epoch_plan(n_train: int, config: TrainConfig) -> EpochPlan:
