@@ -393,7 +393,7 @@ def _extend(run: _Run) -> bool:
     extra = run.plan.extension(run.tc)
     if extra:
         per_epoch = run.plan.steps or math.ceil(len(run.train_rows) / run.tc.batch_size)
-        for schedule in {id(f): f for f in run.scheduler.lr_lambdas}.values():
+        for schedule in run.scheduler.lr_lambdas:  # one object per group; stretch is idempotent
             schedule.stretch(run.scheduler.last_epoch, extra * per_epoch)
         run.plan = run.plan._replace(epochs=run.plan.epochs + extra)
     return extra > 0
