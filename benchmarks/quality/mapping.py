@@ -19,6 +19,7 @@ One row per (held-out set, method, seed) is appended to ``--work``/results.tsv.
     .venv/bin/python benchmarks/quality/mapping.py --seeds 0
     .venv/bin/python benchmarks/quality/mapping.py --heldout CEL-seq2 plate1 --seeds 1 2
     .venv/bin/python benchmarks/quality/mapping.py --table [--seeds 0] [--heldout ...]
+    .venv/bin/python benchmarks/quality/mapping.py --surgery-only --seeds 0 1 2
 
 Needs ``../shared/data`` (the CellBench files) and scvi-tools.
 """
@@ -287,6 +288,7 @@ def run(
     adapt_epochs: int,
     work: Path,
     baselines: bool = True,
+    surgery_only: bool = False,
 ) -> None:
     import subprocess
 
@@ -302,10 +304,11 @@ def run(
     for seed in seeds:
         done = bench.done()
         last = "harmony de novo" if baselines else "locusformer_latent de novo"
-        if not all((h, last, seed) in done for h in heldouts):
+        if not surgery_only and not all((h, last, seed) in done for h in heldouts):
             de_novo(bench, seed, heldouts, baselines)
         for heldout in heldouts:
-            if (heldout, f"locusformer_latent mapped adapt {adapt_epochs}", seed) not in done:
+            mapped = (heldout, f"locusformer_latent mapped adapt {adapt_epochs}", seed)
+            if not surgery_only and mapped not in done:
                 map_locusformer(bench, heldout, seed, adapt_epochs)
             if baselines and (heldout, "scvi surgery", seed) not in done:
                 map_scvi(bench, heldout, seed)
@@ -354,6 +357,10 @@ def main() -> None:
         "--no-baselines", action="store_true",
         help="LocusFormer only (its code changed; the baselines' rows stay as recorded)",
     )  # fmt: skip
+    parser.add_argument(
+        "--surgery-only", action="store_true",
+        help="scVI surgery only (its rows beside mapping_diagnosis.py's LocusFormer runs)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.table:
         table(args.work, args.seeds, args.heldout)
@@ -361,7 +368,7 @@ def main() -> None:
     prepare([args.task], args.shared, args.work)
     run(
         args.task, args.heldout, args.seeds or [0], args.adapt_epochs, args.work,
-        baselines=not args.no_baselines,
+        baselines=not args.no_baselines, surgery_only=args.surgery_only,
     )  # fmt: skip
 
 
