@@ -21,11 +21,7 @@ import torch
 from sklearn.decomposition import PCA
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mapping import Bench, knn_transfer
-
-from locusformer.correct import correct
-from locusformer.mapping import map_query
-from locusformer.train import train_corrector
+from mapping import Bench, knn_transfer, zero_shot
 
 
 def main() -> None:
@@ -35,18 +31,7 @@ def main() -> None:
     q = bench.batches == heldout
     r = ~q
     for seed in [int(s) for s in sys.argv[3].split(",")]:
-        ref_batches = bench.batches[r].tolist()
-        model, _ = train_corrector(
-            bench.X[r], ref_batches, bench.loci, seed=seed, device="cpu", progress=False
-        )
-        corrected_ref, latent_ref = correct(model, bench.X[r], ref_batches, device="cpu")
-        mapped = map_query(
-            model, bench.X[q], bench.batches[q].tolist(), adapt_epochs=0, seed=seed, device="cpu"
-        )
-        latent = np.empty((len(bench.X), latent_ref.shape[1]), np.float32)
-        latent[r], latent[q] = latent_ref, mapped.latent
-        corrected = np.empty_like(bench.X)
-        corrected[r], corrected[q] = corrected_ref, mapped.corrected
+        corrected, latent = zero_shot(bench, heldout, seed)
         pcs = PCA(50, random_state=0).fit(corrected[r]).transform(corrected).astype(np.float32)
         on_latent = knn_transfer(latent, bench.labels, q)
         on_pcs = knn_transfer(pcs, bench.labels, q)

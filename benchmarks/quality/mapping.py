@@ -196,6 +196,29 @@ def de_novo(bench: Bench, seed: int, heldouts: list[str], baselines: bool = True
             bench.record(heldout, name, seed, values)
 
 
+def zero_shot(bench: Bench, heldout: str | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(corrected, latent) of every row: LocusFormer (default config) trained on the sets
+    other than ``heldout`` and the held-out set mapped zero-shot; trained on all five
+    (de novo) when ``heldout`` is None."""
+    from locusformer.correct import correct
+    from locusformer.mapping import map_query
+    from locusformer.train import train_corrector
+
+    query = bench.batches == heldout
+    ref = ~query
+    Xr, br = bench.X[ref], bench.batches[ref].tolist()
+    model, _ = train_corrector(Xr, br, bench.loci, seed=seed, device="cpu", progress=False)
+    c, z = correct(model, Xr, br, device="cpu")
+    corrected, latent = np.empty_like(bench.X), np.empty((len(bench.X), z.shape[1]), np.float32)
+    corrected[ref], latent[ref] = c, z
+    if query.any():
+        mapped = map_query(
+            model, bench.X[query], bench.batches[query].tolist(), seed=seed, device="cpu"
+        )
+        corrected[query], latent[query] = mapped.corrected, mapped.latent
+    return corrected, latent
+
+
 def map_locusformer(bench: Bench, heldout: str, seed: int, adapt_epochs: int) -> None:
     import torch
 

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mapping import Bench, K, knn_transfer
+from mapping import Bench, K, knn_transfer, zero_shot
 
 
 def _vote(neighbours: np.ndarray) -> np.ndarray:
@@ -77,21 +77,7 @@ def _run(bench: Bench, heldout: str | None, seed: int, cache: Path) -> dict[str,
     path = cache / f"{heldout or 'denovo'}_{seed}.npz"
     if path.exists():
         return dict(np.load(path))
-    from locusformer.correct import correct
-    from locusformer.mapping import map_query
-    from locusformer.train import train_corrector
-
-    query = bench.batches == heldout
-    ref = ~query
-    Xr, br = bench.X[ref], bench.batches[ref].tolist()
-    model, _ = train_corrector(Xr, br, bench.loci, seed=seed, device="cpu", progress=False)
-    c, z = correct(model, Xr, br, device="cpu")
-    corrected, latent = np.empty_like(bench.X), np.empty((len(bench.X), z.shape[1]), np.float32)
-    corrected[ref], latent[ref] = c, z
-    if query.any():
-        mapped = map_query(model, bench.X[query], bench.batches[query].tolist(), seed=seed,
-                           device="cpu")  # fmt: skip
-        corrected[query], latent[query] = mapped.corrected, mapped.latent
+    corrected, latent = zero_shot(bench, heldout, seed)
     cache.mkdir(parents=True, exist_ok=True)
     np.savez(path, corrected=corrected, latent=latent)
     return {"corrected": corrected, "latent": latent}
