@@ -197,9 +197,9 @@ class TrainConfig:
     batch_mean_clusters: int = 8
     # Epochs added to the run, as a share of its planned epochs (20 at the defaults), the
     # cluster term acting through them, when at its first epoch every cluster holds a
-    # fair share of every batch: the batches hold the same
-    # biology, so no cell type is drawn toward one that some batch lacks, which is how a
-    # longer term collapses batches of different mixtures (BENCHMARKS.md, session 12).
+    # fair share of every batch: the batches hold the same biology, so no cell type is
+    # drawn toward one that some batch lacks, which is how a longer term collapses
+    # batches of different mixtures (BENCHMARKS.md, session 12).
     # Where any cluster is left to some batches the run is as without it. 0 disables it.
     shared_extension: float = 0.5
     # With protected covariates only: weight of the batch's share of the latent's
