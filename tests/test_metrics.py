@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -153,6 +156,50 @@ def test_kbet_is_a_function_of_the_data_and_the_seed(data, monkeypatch) -> None:
     assert scores[0] == scores[1] == scores[2]
     df = score_method(data["uncorrected"], data["uncorrected"], "batch", "cell_type", seed=0)
     assert values(df)["KBET"] == pytest.approx(scores[0], abs=1e-12)
+
+
+_FUZZY_SET = """
+import json, sys
+import numpy as np, scipy.sparse as sp
+import umap.umap_ as umap_
+from locusformer.neighbors import UMAP_UNCACHED_JIT, cache_umap_compilation
+
+cache_umap_compilation()
+rng = np.random.default_rng(0)
+n, k = 40, 8
+dists = np.sort(rng.random((n, k)).astype(np.float32), axis=1)
+dists[:, 0] = 0.0
+idx = np.column_stack([np.arange(n), rng.integers(0, n, (n, k - 1))]).astype(np.int64)
+graph = umap_.fuzzy_simplicial_set(
+    sp.coo_matrix(([], ([], [])), shape=(n, 1)), n_neighbors=k, random_state=None,
+    metric=None, knn_indices=idx, knn_dists=dists,
+)[0]
+stats = [getattr(umap_, name).stats for name in UMAP_UNCACHED_JIT]
+json.dump({
+    "hits": sum(sum(s.cache_hits.values()) for s in stats),
+    "misses": sum(sum(s.cache_misses.values()) for s in stats),
+    "graph": graph.toarray().tolist(),
+}, sys.stdout)
+"""
+
+
+def test_umap_compilation_is_loaded_from_numba_cache_in_the_next_process() -> None:
+    """The report's and kBET's fuzzy simplicial set compiles once, not in every process.
+
+    The first run compiles both functions and writes them to numba's cache, unless an
+    earlier run on this install did; the second reads both back and compiles nothing.
+    """
+    runs = []
+    for _ in range(2):
+        out = subprocess.run(
+            [sys.executable, "-c", _FUZZY_SET], capture_output=True, text=True, check=False
+        )
+        assert out.returncode == 0, out.stderr
+        runs.append(json.loads(out.stdout))
+    first, second = runs
+    assert first["hits"] + first["misses"] == 2
+    assert second["hits"] == 2 and second["misses"] == 0
+    assert second["graph"] == first["graph"]  # the same machine code, the same graph
 
 
 def test_within_batch_knn_jaccard_by_hand() -> None:

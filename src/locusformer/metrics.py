@@ -52,6 +52,7 @@ from locusformer import atomic, result_rows, subsample
 from locusformer.errors import InputError, one_line
 from locusformer.neighbors import (
     WITHIN_BATCH_K,
+    cache_umap_compilation,
     compute_neighbors,
     exact_diffusion_neighbors,
     neighbor_sizes,
@@ -218,6 +219,7 @@ def score_method(
     """
     import scib_metrics
 
+    cache_umap_compilation()
     # scib-metrics logs every skipped kBET label at INFO level through a rich handler
     scib_metrics.settings.verbosity = logging.WARNING
     method = str(result.uns.get("method", "unknown"))

@@ -178,6 +178,9 @@ def _embedding_coords(result, seed: int, mode: str) -> tuple[np.ndarray, str]:
         import anndata as ad
         import scanpy as sc
 
+        from locusformer.neighbors import cache_umap_compilation
+
+        cache_umap_compilation()
         tmp = ad.AnnData(X=np.zeros((n, 1), dtype=np.float32))
         tmp.obsm["X_rep"] = rep
         # Exact kNN, scanpy's own choice below 4,096 samples (the same plots there): above
