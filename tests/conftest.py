@@ -14,19 +14,6 @@ RESOURCES = ROOT / "resources"
 ANNOTATION = RESOURCES / "hs_gene_coordinates.tsv.gz"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The SLURM cluster test runs last.
-
-    It installs SLURM's client where it is missing (a fresh CI machine) and stops the
-    cluster afterwards. From then on every ``snakemake`` start waits about 10 s: the slurm
-    executor plugin builds its help text by running ``scontrol show config``, which retries
-    the stopped controller until its 10 s timeout. Run after the cluster test, each of the
-    workflow tests' dozens of ``snakemake`` calls paid that (a dry-run test took 12 s
-    instead of 4 s). The sort is stable: every other test keeps its order.
-    """
-    items.sort(key=lambda item: item.path.name == "test_slurm.py")
-
-
 @pytest.fixture
 def one_thread():
     """torch on one thread for the test, restored after. Tiny models gain nothing from

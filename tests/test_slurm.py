@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import ROOT
-from workflow_helpers import TINY_CONFIG, _snakemake, _tiny_demo, _workdir
+from workflow_helpers import TINY_CONFIG, _cluster_env, _snakemake, _tiny_demo, _workdir
 
 START_SLURM = ROOT / "tests" / "slurm" / "start_slurm.sh"
 PROFILE = ROOT / "workflow" / "profiles" / "slurm" / "config.yaml"
@@ -129,7 +129,8 @@ def test_demo_runs_as_slurm_jobs_and_train_gets_its_gpu(slurm_cluster, tmp_path)
     workdir = _workdir(tmp_path / "run", config, [_tiny_demo(tmp_path)])
     profile = _test_profile(tmp_path / "profile")
     targets = ["results/tiny/corrected.parquet", "results/tiny/latent.parquet"]
-    result = _snakemake(workdir, "--profile", str(profile), *targets, timeout=600)
+    env = _cluster_env()
+    result = _snakemake(workdir, "--profile", str(profile), *targets, timeout=600, env=env)
     said = result.stdout + result.stderr
     assert result.returncode == 0, said[-5000:]
 
@@ -183,7 +184,8 @@ def test_a_job_killed_for_memory_is_retried_with_more(slurm_cluster, tmp_path):
     settings["default-resources"]["mem_mb"] = PROFILE_MEMORY.replace("4000", "600")
     (profile / "config.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
     snakefile = str(workdir / "Snakefile")  # the last --snakefile given is used
-    result = _snakemake(workdir, "--snakefile", snakefile, "--profile", str(profile), timeout=300)
+    profiled = ["--snakefile", snakefile, "--profile", str(profile)]
+    result = _snakemake(workdir, *profiled, timeout=300, env=_cluster_env())
     said = result.stdout + result.stderr
     assert result.returncode == 0, said[-5000:]
 

@@ -44,7 +44,12 @@ def test_dry_run_of_the_default_config_shows_the_rule_chain():
 
 def test_lint_and_format_are_clean():
     lint = subprocess.run(
-        [str(BIN / "snakemake"), "--lint"], cwd=ROOT, capture_output=True, text=True, check=False
+        [str(BIN / "snakemake"), "--lint"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        check=False,
     )
     assert lint.returncode == 0, lint.stdout + lint.stderr
     assert "Congratulations" in lint.stdout + lint.stderr

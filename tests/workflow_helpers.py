@@ -27,9 +27,27 @@ TINY_CONFIG = {
 
 
 def _env(**extra: str) -> dict:
+    """The environment the workflow tests run Snakemake's local executor in.
+
+    Where no ``SLURM_CONF`` is set, an empty one: the SLURM executor plugin, installed
+    with the ``slurm`` extra, runs ``scontrol show config`` at every Snakemake start (for
+    its help text), and where a SLURM client is installed but its controller is down (as
+    after the cluster test stops its cluster) scontrol retries for the plugin's 10 s
+    timeout: a dry-run test took 12 s instead of 4. With an empty configuration scontrol
+    fails at once. The cluster test runs in :func:`_cluster_env`.
+    """
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # jobs run `python -m locusformer`
+    env.setdefault("SLURM_CONF", os.devnull)
     env.update(extra)
+    return env
+
+
+def _cluster_env(**extra: str) -> dict:
+    """:func:`_env` with the machine's SLURM configuration, for runs on a SLURM cluster."""
+    env = _env(**extra)
+    if "SLURM_CONF" not in os.environ and "SLURM_CONF" not in extra:
+        del env["SLURM_CONF"]
     return env
 
 
