@@ -8,6 +8,9 @@ VENV   := .venv
 BIN    := $(abspath $(VENV))/bin
 STAMP  := $(VENV)/.installed
 CORES  ?= all
+# Test processes (pytest-xdist; "auto": one per core). Each test file runs whole in one
+# process, so a file's shared fixtures (a tiny workflow run) are built once. 0: one process.
+TEST_WORKERS ?= auto
 # Jobs call `python -m locusformer`: the venv's python must come first on PATH.
 export PATH := $(BIN):$(PATH)
 
@@ -23,7 +26,7 @@ run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
