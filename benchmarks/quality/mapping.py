@@ -196,10 +196,12 @@ def de_novo(bench: Bench, seed: int, heldouts: list[str], baselines: bool = True
             bench.record(heldout, name, seed, values)
 
 
-def zero_shot(bench: Bench, heldout: str | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(corrected, latent) of every row: LocusFormer (default config) trained on the sets
-    other than ``heldout`` and the held-out set mapped zero-shot; trained on all five
-    (de novo) when ``heldout`` is None."""
+def zero_shot(
+    bench: Bench, heldout: str | None, seed: int, training: dict | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(corrected, latent) of every row: LocusFormer (default config, or ``training``'s
+    settings over it) trained on the sets other than ``heldout`` and the held-out set
+    mapped zero-shot; trained on all five (de novo) when ``heldout`` is None."""
     from locusformer.correct import correct
     from locusformer.mapping import map_query
     from locusformer.train import train_corrector
@@ -207,7 +209,9 @@ def zero_shot(bench: Bench, heldout: str | None, seed: int) -> tuple[np.ndarray,
     query = bench.batches == heldout
     ref = ~query
     Xr, br = bench.X[ref], bench.batches[ref].tolist()
-    model, _ = train_corrector(Xr, br, bench.loci, seed=seed, device="cpu", progress=False)
+    model, _ = train_corrector(
+        Xr, br, bench.loci, train_config=training, seed=seed, device="cpu", progress=False
+    )
     c, z = correct(model, Xr, br, device="cpu")
     corrected, latent = np.empty_like(bench.X), np.empty((len(bench.X), z.shape[1]), np.float32)
     corrected[ref], latent[ref] = c, z

@@ -6,7 +6,9 @@
 WORK holds ``cellbench5_inner`` prepared by ``variants.py`` or ``mapping.py``. For each
 held-out set and seed, as ``mapping.py`` does: LocusFormer (default config) is trained on
 the other four sets and the fifth is mapped zero-shot; and LocusFormer is trained on all
-five (de novo). The outputs are kept in WORK/mapping_diagnosis, so a rerun only scores.
+five (de novo). The outputs are kept in WORK/mapping_diagnosis, so a rerun only scores;
+``--training '{"alignment": "shared"}'`` trains every reference with those settings over the
+defaults (kept in WORK/mapping_diagnosis/alignment=shared).
 Printed per run:
 
 - ``ref_self``: kNN label transfer inside the reference, each reference cell classified
@@ -25,6 +27,7 @@ Printed per run:
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -72,12 +75,14 @@ def _totals(bench: Bench, result, seed: int) -> tuple[float, float]:
     return totals[0], totals[1]
 
 
-def _run(bench: Bench, heldout: str | None, seed: int, cache: Path) -> dict[str, np.ndarray]:
+def _run(
+    bench: Bench, heldout: str | None, seed: int, cache: Path, training: dict | None
+) -> dict[str, np.ndarray]:
     """Reference + query (or de novo, ``heldout`` None) outputs, trained once and kept."""
     path = cache / f"{heldout or 'denovo'}_{seed}.npz"
     if path.exists():
         return dict(np.load(path))
-    corrected, latent = zero_shot(bench, heldout, seed)
+    corrected, latent = zero_shot(bench, heldout, seed, training)
     cache.mkdir(parents=True, exist_ok=True)
     np.savez(path, corrected=corrected, latent=latent)
     return {"corrected": corrected, "latent": latent}
@@ -95,14 +100,21 @@ def main() -> None:
         "--surgery", type=Path,
         help="mapping.py's --work: also score its scVI surgery latents (reps/) both ways",
     )  # fmt: skip
+    parser.add_argument(
+        "--training", type=json.loads, default=None,
+        help='training settings over the defaults, as JSON, e.g. \'{"alignment": "shared"}\'',
+    )  # fmt: skip
+    parser.add_argument("--no-denovo", action="store_true", help="the held-out sets only")
     args = parser.parse_args()
     torch.set_num_threads(1)
     bench = Bench("cellbench5_inner", args.work)
     cache = args.work / "mapping_diagnosis"
+    if args.training:  # each setting its own outputs: name=value pairs, sorted
+        cache = cache / "_".join(f"{k}={v}" for k, v in sorted(args.training.items()))
     rows = []
-    for heldout in [None, *args.heldout]:
+    for heldout in [*([] if args.no_denovo else [None]), *args.heldout]:
         for seed in args.seeds:
-            out = _run(bench, heldout, seed, cache)
+            out = _run(bench, heldout, seed, cache, args.training)
             result = bench.result("locusformer", out["corrected"], None)
             row = {"heldout": heldout or "de novo", "seed": seed}
             row["total"], row["total_km10"] = _totals(bench, result, seed)
