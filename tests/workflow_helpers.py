@@ -43,10 +43,10 @@ def _env(**extra: str) -> dict:
     return env
 
 
-def _cluster_env(**extra: str) -> dict:
+def _cluster_env() -> dict:
     """:func:`_env` with the machine's SLURM configuration, for runs on a SLURM cluster."""
-    env = _env(**extra)
-    if "SLURM_CONF" not in os.environ and "SLURM_CONF" not in extra:
+    env = _env()
+    if "SLURM_CONF" not in os.environ:
         del env["SLURM_CONF"]
     return env
 

@@ -55,6 +55,11 @@ ARCHES = dict(
 )  # fmt: skip
 
 
+def vote(neighbours: np.ndarray) -> np.ndarray:
+    """The most frequent label of each row of neighbours' labels (n, K)."""
+    return np.array([pd.Series(row).value_counts().index[0] for row in neighbours])
+
+
 def knn_transfer(rep: np.ndarray, labels: np.ndarray, query: np.ndarray) -> dict[str, float]:
     """Reference (``~query``) labels -> query by a majority of K reference neighbours.
 
@@ -72,7 +77,7 @@ def knn_transfer(rep: np.ndarray, labels: np.ndarray, query: np.ndarray) -> dict
     ref_idx = np.flatnonzero(ref)
     nn = NearestNeighbors(n_neighbors=K).fit(rep[ref])
     neighbours = labels[ref_idx[nn.kneighbors(rep[query])[1]]]  # (n_query, K)
-    predicted = np.array([pd.Series(row).value_counts().index[0] for row in neighbours])
+    predicted = vote(neighbours)
     truth = labels[query]
     only = np.isin(truth, PLATE_ONLY)
     if only.any():

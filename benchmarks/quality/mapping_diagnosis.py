@@ -35,11 +35,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mapping import Bench, K, knn_transfer, zero_shot
-
-
-def _vote(neighbours: np.ndarray) -> np.ndarray:
-    return np.array([pd.Series(row).value_counts().index[0] for row in neighbours])
+from mapping import Bench, K, knn_transfer, vote, zero_shot
 
 
 def _errors(truth: np.ndarray, predicted: np.ndarray) -> str:
@@ -124,8 +120,8 @@ def main() -> None:
                 z, labels = out["latent"], bench.labels
                 zr, lr = z[~query], labels[~query]
                 nn = NearestNeighbors(n_neighbors=K + 1).fit(zr)
-                own = _vote(lr[nn.kneighbors(zr)[1][:, 1:]])  # itself left out
-                mapped = _vote(lr[nn.kneighbors(z[query], K)[1]])
+                own = vote(lr[nn.kneighbors(zr)[1][:, 1:]])  # itself left out
+                mapped = vote(lr[nn.kneighbors(z[query], K)[1]])
                 row |= {
                     "ref_self": float((own == lr).mean()),
                     "ref_errors": _errors(lr, own),

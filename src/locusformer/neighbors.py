@@ -10,6 +10,7 @@ function of the data and the seed.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -157,6 +158,7 @@ def exact_diffusion_neighbors() -> Iterator[None]:
 UMAP_UNCACHED_JIT = ("smooth_knn_dist", "compute_membership_strengths")
 
 
+@functools.cache
 def cache_umap_compilation() -> None:
     """Keep numba's compilation of UMAP's fuzzy simplicial set from one process to the next.
 
@@ -166,7 +168,8 @@ def cache_umap_compilation() -> None:
     Enabling numba's own on-disk cache for them (what ``cache=True`` does, keyed by the
     function's source and the CPU) loads the same machine code instead; the values are
     those of a fresh compilation. Where numba finds no writable cache folder (a read-only
-    install and no ``NUMBA_CACHE_DIR``), they compile as before.
+    install and no ``NUMBA_CACHE_DIR``), they compile as before. Once per process: every
+    method scored calls it.
     """
     import umap.umap_ as umap_
 
