@@ -202,6 +202,38 @@ def test_umap_compilation_is_loaded_from_numba_cache_in_the_next_process() -> No
     assert second["graph"] == first["graph"]  # the same machine code, the same graph
 
 
+def _one_line_split_in_two(seed: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """Five labels of 100 points: four compact ones on a square, the fifth two blobs 13
+    apart. Joining two corners costs more inertia than keeping the fifth whole, so the
+    labels are k-means' optimum; splitting the fifth and joining two corners is a local
+    one, which scib-metrics' single start (seed 0) lands in for this row order."""
+    rng = np.random.default_rng(seed)
+    corners = np.array([[0, 0], [10, 0], [0, 10], [10, 10], [30, 30]], dtype=float)
+    x, y = [], []
+    for i, c in enumerate(corners):
+        other = c + [13, 0] if i == 4 else c
+        x += [rng.normal(c, 0.5, (50, 2)), rng.normal(other, 0.5, (50, 2))]
+        y += [str(i)] * 100
+    order = rng.permutation(500)
+    return np.concatenate(x).astype(np.float32)[order], np.array(y)[order]
+
+
+def test_one_kmeans_start_is_scib_metrics_and_more_keep_the_best_clustering() -> None:
+    x, y = _one_line_split_in_two()
+    one = metrics.kmeans_nmi_ari(x, y, 1)
+    assert one == scib_metrics.nmi_ari_cluster_labels_kmeans(x, y)
+    assert one["nmi"] < 0.9 and one["ari"] < 0.8  # the fifth label split, two corners joined
+    ten = metrics.kmeans_nmi_ari(x, y, 10)
+    assert ten["nmi"] == pytest.approx(1.0) and ten["ari"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("bad", [0, "0", "1.5", "many", True])
+def test_kmeans_starts_must_be_a_positive_integer(bad) -> None:
+    with pytest.raises(InputError, match="--kmeans-starts: expected an integer >= 1"):
+        metrics.check_kmeans_starts(bad, "--kmeans-starts")
+    assert metrics.check_kmeans_starts("10") == metrics.check_kmeans_starts(10) == 10
+
+
 def test_within_batch_knn_jaccard_by_hand() -> None:
     pre = np.array([[0.0], [1.0], [3.0], [10.0], [0.0], [1.0], [5.0]])
     post = np.array([[0.0], [1.0], [10.0], [3.0], [0.0], [1.0], [5.0]])

@@ -177,6 +177,36 @@ def test_a_bad_max_samples_is_refused_in_one_line(files, capsys, bad) -> None:
     assert not out.exists()
 
 
+def test_kmeans_starts_reach_the_scores_through_the_cli(files, capsys) -> None:
+    paths, combat = files["paths"], files["results"]["combat"]
+    argv = ["metrics", "--uncorrected", str(paths["uncorrected"]), "--batch-key", "batch"]
+    argv += ["--label-key", "cell_type", "--result", f"combat={paths['combat']}"]
+    out = files["dir"] / "starts" / "combat.tsv"
+    assert main([*argv, "--out", f"combat={out}", "--kmeans-starts", "10"]) == 0
+    table = metrics.read_metrics(out).set_index("metric")["value"]
+    x = metrics.scoring_representation(combat, 0)
+    want = metrics.kmeans_nmi_ari(x, combat.obs["cell_type"].astype(str).to_numpy(), 10)
+    assert table["KMeans NMI"] == pytest.approx(want["nmi"], abs=1e-6)
+    assert table["KMeans ARI"] == pytest.approx(want["ari"], abs=1e-6)
+    bad = files["dir"] / "starts0" / "combat.tsv"
+    assert main([*argv, "--out", f"combat={bad}", "--kmeans-starts", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "locusformer metrics: error: --kmeans-starts: expected an integer >= 1, got '0'"
+    ]
+    assert not bad.exists()
+
+
+def test_one_kmeans_start_is_the_default_of_the_cli_and_the_config_schema() -> None:
+    argv = ["metrics", "--result", "a=a.h5ad", "--uncorrected", "u.h5ad", "--batch-key", "b"]
+    args = build_parser().parse_args([*argv, "--out", "a=a.tsv"])
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    starts = schema["properties"]["metrics"]["properties"]["kmeans_starts"]
+    assert metrics.check_kmeans_starts(args.kmeans_starts) == starts["default"] == 1
+    config = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    assert config["metrics"]["kmeans_starts"] == 1
+
+
 # --------------------------------------------------------------------------- the report
 
 

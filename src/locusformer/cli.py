@@ -301,10 +301,11 @@ def _locusformer_result(args: argparse.Namespace) -> None:
 
 @_command("metrics")
 def _metrics(args: argparse.Namespace) -> None:
-    from .metrics import run_dataset_metrics
+    from .metrics import check_kmeans_starts, run_dataset_metrics
     from .subsample import check_max_samples
 
     max_samples = check_max_samples(args.max_samples, "--max-samples")
+    kmeans_starts = check_kmeans_starts(args.kmeans_starts, "--kmeans-starts")
     pairs = {"--result": _pairs(args.result, "--result"), "--out": _pairs(args.out, "--out")}
     for flag, given in pairs.items():
         names = [name for name, _ in given]
@@ -320,6 +321,7 @@ def _metrics(args: argparse.Namespace) -> None:
         outputs,
         seed=args.seed,
         max_samples=max_samples,
+        kmeans_starts=kmeans_starts,
     )
 
 

@@ -251,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="above this many samples, score every method on one subsample of this many, "
         "stratified by batch and label (default 50000)",
     )
+    p.add_argument(
+        "--kmeans-starts",
+        default=1,  # checked by metrics.check_kmeans_starts, refused in one line
+        help="k-means++ starts behind KMeans NMI and ARI, the lowest-inertia one kept "
+        "(default 1: scib-metrics' own single start)",
+    )
     p.add_argument("--out", action="append", required=True, help="METHOD=metrics.tsv")
 
     p = commands.add_parser("aggregate-metrics", help="one dataset's metrics.tsv")

@@ -5,6 +5,7 @@
 # thread made the PCA and kBET many times slower (same scores); JAX's own thread pool
 # still uses the job's cores. Above metrics.max_samples samples every method is scored on
 # one stratified subsample (locusformer.subsample), which each table records.
+# metrics.kmeans_starts > 1 takes KMeans NMI and ARI from the best of that many starts.
 rule metrics:
     input:
         unpack(get_metrics_inputs),
@@ -24,12 +25,13 @@ rule metrics:
         label=get_label_arg,
         seed=SEED,
         max_samples=config["metrics"]["max_samples"],
+        kmeans_starts=config["metrics"]["kmeans_starts"],
     shell:
         "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}} OMP_NUM_THREADS=1"
         " python -m locusformer metrics --uncorrected {input.uncorrected:q}"
         " {params.results} {params.outputs} --batch-key {params.batch_key}"
         " {params.label} --seed {params.seed} --max-samples {params.max_samples}"
-        " 2> {log:q}"
+        " --kmeans-starts {params.kmeans_starts} 2> {log:q}"
 
 
 rule aggregate_metrics:
