@@ -211,7 +211,7 @@ def _one_line_split_in_two(seed: int = 2) -> tuple[np.ndarray, np.ndarray]:
     corners = np.array([[0, 0], [10, 0], [0, 10], [10, 10], [30, 30]], dtype=float)
     x, y = [], []
     for i, c in enumerate(corners):
-        other = c + [13, 0] if i == 4 else c
+        other = c + np.array([13.0, 0.0]) if i == 4 else c
         x += [rng.normal(c, 0.5, (50, 2)), rng.normal(other, 0.5, (50, 2))]
         y += [str(i)] * 100
     order = rng.permutation(500)

@@ -191,9 +191,7 @@ def test_kmeans_starts_reach_the_scores_through_the_cli(files, capsys) -> None:
     bad = files["dir"] / "starts0" / "combat.tsv"
     assert main([*argv, "--out", f"combat={bad}", "--kmeans-starts", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [
-        "locusformer metrics: error: --kmeans-starts: expected an integer >= 1, got '0'"
-    ]
+    assert err == ["locusformer metrics: error: --kmeans-starts: expected an integer >= 1, got '0'"]
     assert not bad.exists()
 
 

@@ -19,7 +19,7 @@ Printed per run:
   no mapping of the query can separate them.
 - ``total``: the workflow's scIB total of the combined reference + query (as the
   benchmark scores it), and ``total_km10`` with KMeans NMI and ARI from the best of ten
-  k-means++ starts (``scib_metrics.utils.KMeans(n_init=10)``) instead of scib-metrics'
+  k-means++ starts (``metrics.kmeans_starts: 10``) instead of scib-metrics'
   single start: how much of a gap is the clustering metric's start. With ``--surgery``
   (``mapping.py``'s ``--work``), the scVI surgery latents it kept are scored both ways too.
 """
@@ -43,30 +43,15 @@ def _errors(truth: np.ndarray, predicted: np.ndarray) -> str:
     return " ".join(f"{k}:{v}" for k, v in wrong.value_counts().items()) or "-"
 
 
-def _kmeans10(X: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    from scib_metrics.utils import KMeans
-    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
-
-    predicted = np.asarray(KMeans(len(np.unique(labels)), n_init=10).fit(X).labels_)
-    return {
-        "nmi": normalized_mutual_info_score(labels, predicted),
-        "ari": adjusted_rand_score(labels, predicted),
-    }
-
-
 def _totals(bench: Bench, result, seed: int) -> tuple[float, float]:
-    import scib_metrics
 
     from locusformer.metrics import score_method
 
-    single = scib_metrics.nmi_ari_cluster_labels_kmeans
     totals = []
-    for kmeans in (single, _kmeans10):
-        scib_metrics.nmi_ari_cluster_labels_kmeans = kmeans  # looked up at each call
-        try:
-            v = score_method(result, bench.uncorrected, "batch", "cell_line", seed=seed)
-        finally:
-            scib_metrics.nmi_ari_cluster_labels_kmeans = single
+    for starts in (1, 10):
+        v = score_method(
+            result, bench.uncorrected, "batch", "cell_line", seed=seed, kmeans_starts=starts
+        )
         totals.append(float(v.set_index("metric").loc["Total", "value"]))
     return totals[0], totals[1]
 

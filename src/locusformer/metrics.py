@@ -23,9 +23,11 @@ Every method of a dataset is scored the same way, on the same samples: all of th
 Biological conservation (needs a label column): Isolated labels, KMeans NMI, KMeans ARI,
 Silhouette label, cLISI. KMeans NMI and ARI come from scib-metrics' one k-means++ start
 (``kmeans_starts=1``, the default: its published scores); with ``kmeans_starts=N`` from the
-lowest-inertia clustering of N starts (:func:`kmeans_nmi_ari`). Batch correction: BRAS (``Silhouette batch`` with scib-metrics
-versions without BRAS), iLISI, KBET, Graph connectivity, PCR comparison (against the
-PCA of the uncorrected matrix).
+lowest-inertia clustering of N starts (:func:`kmeans_nmi_ari`).
+
+Batch correction: BRAS (``Silhouette batch`` with scib-metrics versions without BRAS),
+iLISI, KBET, Graph connectivity, PCR comparison (against the PCA of the uncorrected
+matrix).
 
 Without a label column, BRAS treats all samples as one label, KBET is the global kBET
 acceptance rate (:func:`scib_metrics.kbet` instead of ``kbet_per_label``), Graph
@@ -404,7 +406,13 @@ def run_metrics(
         method = str(result_rows.open_result(result_h5ad).uns.get("method", "unknown"))
     outs = {method: out_tsv}
     return run_dataset_metrics(
-        {method: result_h5ad}, uncorrected_h5ad, batch_key, label_key, outs, seed, max_samples,
+        {method: result_h5ad},
+        uncorrected_h5ad,
+        batch_key,
+        label_key,
+        outs,
+        seed,
+        max_samples,
         kmeans_starts,
     )
 
