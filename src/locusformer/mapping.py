@@ -33,7 +33,7 @@ from locusformer.correct import CHUNK_SIZE, correct, reference_code
 from locusformer.errors import InputError, TrainingDivergedError
 from locusformer.losses import confusion_loss
 from locusformer.model import BatchAdapter, LocusFormer
-from locusformer.runtime import deterministic, resolve_device
+from locusformer.runtime import autocast, deterministic, resolve_device
 
 #: The least share of the model's loci a query must measure. Below half, the filled loci
 #: (each at the reference's mean) outweigh the measured ones in every token the encoder
@@ -186,8 +186,9 @@ def _decode_new(
         x = torch.from_numpy(X[start : start + chunk_size]).to(dev)
         new = torch.from_numpy(codes[start : start + chunk_size]).to(dev)
         xs = adapter.adapt(net.standardize(x), new)
-        z, _ = net.encode(xs)
-        out = net.decode(z, net.reference_condition(ref_code, len(x), dev)).float()
+        with autocast(dev):  # as correct() runs the known batches
+            z, _ = net.encode(xs)
+            out = net.decode(z, net.reference_condition(ref_code, len(x), dev)).float()
         out_c.append(net.unstandardize(out).cpu().numpy())
         out_z.append(z.float().cpu().numpy())
     return np.concatenate(out_c), np.concatenate(out_z)
@@ -222,11 +223,13 @@ def _adapt(
                 for rows in order.split(batch_size):
                     x = net.standardize(Xt[rows].to(dev))
                     new = ct[rows].to(dev)
-                    z, _ = net.encode(adapter.adapt(x, new))
-                    recon = adapter.output(net.decode(z, mean_cond.expand(len(x), -1)), new)
-                    loss = F.mse_loss(recon.float(), x) + ADAPT_CONFUSION_WEIGHT * confusion_loss(
-                        net.discriminator(z), prior
-                    )
+                    with autocast(dev):  # as the model was trained
+                        z, _ = net.encode(adapter.adapt(x, new))
+                        cond = mean_cond.expand(len(x), -1)
+                        recon = adapter.output(net.decode(z, cond), new)
+                        logits = net.discriminator(z)
+                    confusion = confusion_loss(logits.float(), prior)
+                    loss = F.mse_loss(recon.float(), x) + ADAPT_CONFUSION_WEIGHT * confusion
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     optimizer.step()
