@@ -1,7 +1,8 @@
 """Does CUDA training repeat for a seed, and what would deterministic kernels cost?
 
-Trains test_correct's model on its data twice per mode on the GPU (bf16 autocast) and
-prints the largest weight difference between the two runs and the seconds per run:
+Trains test_correct's model on its data (tests/quality_probe.py) twice per mode on the GPU
+(bf16 autocast) and prints the largest weight difference between the two runs and the
+seconds per run:
 
 * ``default``: as ``train_corrector`` runs on CUDA (PyTorch's default kernels);
 * ``deterministic``: under ``torch.use_deterministic_algorithms(True)`` with
@@ -27,7 +28,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_correct import MODEL, TRAIN
+from quality_probe import MODEL, TRAIN
 
 from locusformer.simulate import simulate
 from locusformer.train import train_corrector

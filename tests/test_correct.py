@@ -9,9 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import balanced_accuracy_score
-from sklearn.model_selection import train_test_split
+from quality_probe import MODEL, TRAIN, probe
 
 from locusformer.correct import attention_map, correct, iter_correct, run_attention, run_correct
 from locusformer.errors import InputError
@@ -19,24 +17,10 @@ from locusformer.simulate import simulate
 from locusformer.steps import run_train
 from locusformer.train import TrainConfig, train_corrector
 
-# Small enough to train in ~10 s on one core. 16 samples a step so that 300 samples give
-# enough steps for the encoder to learn the groups before the batch terms ramp up, and
-# patience 20 as with 17 steps an epoch, 10 epochs can fall within one slow stretch.
-MODEL = dict(patch_size=8, d_model=32, n_heads=4, n_layers=2, latent_dim=16, decoder_hidden=128)
-TRAIN = dict(max_epochs=80, batch_size=16, adversary_rampup_epochs=20, patience=20)
 NOISE = 0.5  # simulate()'s default noise standard deviation
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def probe(features: np.ndarray, labels: np.ndarray) -> float:
-    """Held-out balanced accuracy of a logistic regression (half the samples to fit)."""
-    fit, test, y_fit, y_test = train_test_split(
-        features, labels, test_size=0.5, stratify=labels, random_state=0
-    )
-    clf = LogisticRegression(max_iter=5000).fit(fit, y_fit)
-    return balanced_accuracy_score(y_test, clf.predict(test))
 
 
 def trained(batch_effect: bool):

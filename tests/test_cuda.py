@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_correct import MODEL, TRAIN, probe
+from quality_probe import MODEL, TRAIN, probe
 from torch import nn
 
 from locusformer.attention import MultiHeadSelfAttention
