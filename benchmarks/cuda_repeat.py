@@ -34,7 +34,7 @@ from locusformer.simulate import simulate
 from locusformer.train import train_corrector
 
 
-def run(sim, mode: str) -> dict:
+def run(sim, mode: str, max_epochs: int) -> dict:
     labels = [f"b{b}" for b in sim.batch]
     torch.use_deterministic_algorithms(mode == "deterministic")
     states, seconds = [], []
@@ -43,8 +43,9 @@ def run(sim, mode: str) -> dict:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             model, _ = train_corrector(
-                sim.X, labels, sim.loci, MODEL, TRAIN, seed=0, device="cuda", progress=False
-            )
+                sim.X, labels, sim.loci, MODEL, {**TRAIN, "max_epochs": max_epochs}, seed=0,
+                device="cuda", progress=False,
+            )  # fmt: skip
             torch.cuda.synchronize()
             seconds.append(time.perf_counter() - t0)
             states.append(model.module.state_dict())
@@ -59,14 +60,16 @@ def run(sim, mode: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None)
+    parser.add_argument("--max-epochs", type=int, default=TRAIN["max_epochs"])
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("cuda_repeat: no CUDA device; nothing to measure.")
         return 0
     sim = simulate(n_samples=300, n_loci=200, n_batches=2, n_groups=3, seed=0)
-    results = [run(sim, mode) for mode in ("default", "deterministic")]
-    for r in results:
-        print(r, flush=True)
+    results = []
+    for mode in ("default", "deterministic"):
+        results.append(run(sim, mode, args.max_epochs))
+        print(results[-1], flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")
     return 0

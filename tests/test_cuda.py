@@ -161,9 +161,10 @@ def test_cuda_training_repeats_for_a_seed(sim, on_gpu):
     again, _ = train_corrector(
         sim.X, labels_of(sim), sim.loci, MODEL, TRAIN, seed=0, device="cuda", progress=False
     )
+    # .cpu(): correct() leaves a model on the device it last ran on, here maybe the CPU
     first = on_gpu[0].module.state_dict()
     diff = max(
-        (first[k].float() - v.float()).abs().max().item()
+        (first[k].cpu().float() - v.cpu().float()).abs().max().item()
         for k, v in again.module.state_dict().items()
     )
     print(f"two cuda runs, seed 0: largest weight difference {diff:.3g}")
