@@ -1,13 +1,14 @@
 """The CUDA path, where a GPU is: fused attention kernels in bf16, training and correction
 under bf16 autocast, models moved between GPU and CPU, mapping with a frozen reference,
-the precision trace and ``torch.compile``.
+the precision trace, and ``torch.compile``'s refusal on CUDA.
 
 Skipped without CUDA (CI has none). On a GPU machine, from the repository root::
 
     PYTHONPATH=src python -m pytest --noconftest -p no:cacheprovider tests/test_cuda.py
 
 These tests use no shared fixture (hence ``--noconftest``), so they run with torch, numpy,
-pandas, pyarrow and tqdm alone, as on a bare GPU image without the scverse stack.
+pandas, pyarrow, tqdm and scikit-learn alone, as on a bare GPU image without the
+scverse stack.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import nn
 from locusformer.attention import MultiHeadSelfAttention
 from locusformer.checkpoint import load_model, save_model
 from locusformer.correct import correct
+from locusformer.errors import InputError
 from locusformer.mapping import map_query
 from locusformer.simulate import simulate
 from locusformer.trace import trace
@@ -212,7 +214,23 @@ def test_trace_runs_bf16_autocast_on_cuda(sim, on_gpu):
     assert latent["max_abs"] / latent["scale"] < 0.05
 
 
-def test_compiled_training_on_cuda_meets_the_same_bar(sim):
+def test_compile_is_refused_on_cuda(sim):
+    with pytest.raises(InputError, match=r"training\.compile: refused on CUDA"):
+        train_corrector(
+            sim.X, labels_of(sim), sim.loci, MODEL, {**TRAIN, "compile": True}, seed=0,
+            device="cuda", progress=False,
+        )  # fmt: skip
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="H200, torch 2.11: the compiled encoder kept the batch (latent probe 1.0). When "
+    "this passes, lift train.check_compile's refusal",
+)
+def test_compiled_training_on_cuda_meets_the_same_bar(sim, monkeypatch):
+    import locusformer.train
+
+    monkeypatch.setattr(locusformer.train, "check_compile", lambda tc, dev: None)
     model, history = train_corrector(
         sim.X, labels_of(sim), sim.loci, MODEL, {**TRAIN, "compile": True}, seed=0,
         device="cuda", progress=False,

@@ -252,8 +252,8 @@ class TrainConfig:
     # a float32 .npy memory map read per minibatch, "auto" on disk when it would not fit
     # comfortably in memory. The same numbers either way.
     data_on_disk: DataOnDisk = "auto"
-    # torch.compile the encoder (the attention blocks, where the time goes). Worth it on a
-    # GPU for long runs; the first steps pay the compilation (tens of seconds).
+    # torch.compile the encoder (the attention blocks, where the time goes); the first
+    # steps pay the compilation (tens of seconds). CPU only: train.check_compile says why.
     compile: bool = False
 
     @classmethod
