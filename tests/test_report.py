@@ -269,6 +269,24 @@ def test_metric_table_ranks_methods_and_marks_the_best(dataset) -> None:
     assert f'<td class="best">{best_total}</td>' in table
 
 
+def test_the_metrics_section_says_how_many_kmeans_starts_were_scored(dataset, tmp_path) -> None:
+    assert 'id="metrics-kmeans"' not in dataset["html"]  # the config does not say
+    for starts, said in ((1, "one k-means start"), (10, "clustering of 10 k-means starts")):
+        html = report.render_dataset_report(
+            tmp_path / f"r{starts}.html",
+            dataset="d",
+            metrics_tsv=dataset["dir"] / "metrics.tsv",
+            config={"metrics": {"kmeans_starts": starts}},
+        )
+        sentence = html[html.index('<p id="metrics-kmeans">') :]
+        sentence = sentence[: sentence.index("</p>")]
+        assert (
+            said in sentence and f"metrics.kmeans_starts{': 1' if starts == 1 else ''}" in sentence
+        )
+        assert html.index('id="metrics-kmeans"') < html.index('<table id="metric-table">')
+    assert report.kmeans_sentence({"metrics": {}}) == report.kmeans_sentence(None) == ""
+
+
 def test_report_with_nothing_but_a_name(tmp_path: Path) -> None:
     html = report.render_dataset_report(tmp_path / "r.html", dataset="empty")
     assert "No dataset statistics available" in html

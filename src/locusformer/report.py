@@ -180,7 +180,10 @@ def render_dataset_report(
         "loci": loci_section(loci_parquet),
         "history": history_section(history_tsv),
         "embeddings": emb_section,
-        "metrics": metrics_section(metrics_tsv, emb_section.get("names")),
+        "metrics": {
+            **metrics_section(metrics_tsv, emb_section.get("names")),
+            "kmeans": kmeans_sentence(config),
+        },
         "attention": attention_section(attention_npz),
         "trace": trace_section(trace_json, mapping.get("model")),
         "runtime": runtime_section(benchmark_files),
@@ -198,6 +201,27 @@ def render_dataset_report(
         config_text=config_text,
         seed=seed,
         versions=software_versions(),
+    )
+
+
+def kmeans_sentence(config: Mapping[str, Any] | None) -> str:
+    """How KMeans NMI and ARI were clustered, from the run's ``metrics.kmeans_starts``.
+
+    "" when the configuration does not say. The count changes the scores, so a table read
+    beside another run's must show it (:func:`locusformer.metrics.kmeans_nmi_ari`).
+    """
+    starts = ((config or {}).get("metrics") or {}).get("kmeans_starts")
+    if starts is None:
+        return ""
+    if int(starts) == 1:
+        return (
+            "KMeans NMI and ARI come from one k-means start, as scib-metrics computes them "
+            "(metrics.kmeans_starts: 1); another start can move them by a few hundredths."
+        )
+    return (
+        f"KMeans NMI and ARI come from the lowest-inertia clustering of {int(starts)} "
+        "k-means starts (metrics.kmeans_starts), not from scib-metrics' single start: "
+        "compare them only with scores computed the same way."
     )
 
 
