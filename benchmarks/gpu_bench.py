@@ -318,7 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak")
     parser.add_argument("--json", default=None, help="also write the results here")
-    parser.add_argument("--compile", action="store_true", help="training.compile (torch.compile)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="training.compile in the train_corrector part (the step table runs eager)",
+    )
     parser.add_argument(
         "--cpu-smoke", action="store_true", help="tiny run on the CPU: checks the script only"
     )
