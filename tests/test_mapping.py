@@ -209,3 +209,30 @@ def test_a_query_of_one_new_run_maps(trained, tmp_path):
     ]  # fmt: skip
     assert main(args) == 0
     assert json.loads((tmp_path / "r.json").read_text())["new_batches"] == ["run7"]
+
+
+def test_new_batches_run_under_the_autocast_that_correct_uses(trained, monkeypatch):
+    """On CUDA ``correct`` runs in bf16 autocast; new batches' adaptation and decoding run
+    under the same context (they ran in fp32 until the first GPU run showed it)."""
+    import locusformer.correct
+    import locusformer.mapping
+
+    entered = {"correct": 0, "mapping": 0}
+
+    def recording(module: str):
+        def amp(dev: torch.device):
+            entered[module] += 1
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+
+        return amp
+
+    monkeypatch.setattr(locusformer.correct, "autocast", recording("correct"))
+    monkeypatch.setattr(locusformer.mapping, "autocast", recording("mapping"))
+    sim, labels, model = trained
+    result = map_query(
+        model, sim.X, labels, adapt_epochs=3, batch_size=16, chunk_size=25, seed=0, device="cpu"
+    )
+    n_new, n_known = int((labels == "b2").sum()), int((labels != "b2").sum())
+    steps, chunks = 3 * -(-n_new // 16), -(-n_new // 25)
+    assert entered == {"correct": -(-n_known // 25), "mapping": steps + chunks}
+    assert np.isfinite(result.corrected).all() and result.adapted
