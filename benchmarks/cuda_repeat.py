@@ -28,7 +28,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from quality_probe import MODEL, TRAIN
+from quality_probe import DATA, MODEL, TRAIN, largest_weight_difference
 
 from locusformer.simulate import simulate
 from locusformer.train import train_corrector
@@ -53,7 +53,7 @@ def run(sim, mode: str, max_epochs: int) -> dict:
         return {"mode": mode, "error": str(err).splitlines()[0]}
     finally:
         torch.use_deterministic_algorithms(False)
-    diff = max((states[0][k].float() - v.float()).abs().max().item() for k, v in states[1].items())
+    diff = largest_weight_difference(states[0], states[1])
     return {"mode": mode, "largest_weight_difference": diff, "seconds": seconds}
 
 
@@ -65,7 +65,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("cuda_repeat: no CUDA device; nothing to measure.")
         return 0
-    sim = simulate(n_samples=300, n_loci=200, n_batches=2, n_groups=3, seed=0)
+    sim = simulate(**DATA)
     results = []
     for mode in ("default", "deterministic"):
         results.append(run(sim, mode, args.max_epochs))

@@ -7,6 +7,9 @@ so that it also runs on a bare GPU image.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import balanced_accuracy_score
@@ -17,6 +20,8 @@ from sklearn.model_selection import train_test_split
 # patience 20 as with 17 steps an epoch, 10 epochs can fall within one slow stretch.
 MODEL = dict(patch_size=8, d_model=32, n_heads=4, n_layers=2, latent_dim=16, decoder_hidden=128)
 TRAIN = dict(max_epochs=80, batch_size=16, adversary_rampup_epochs=20, patience=20)
+#: ``simulate`` arguments of the data they train on: two batches, three groups.
+DATA = dict(n_samples=300, n_loci=200, n_batches=2, n_groups=3, seed=0)
 
 
 def probe(features: np.ndarray, labels: np.ndarray) -> float:
@@ -26,3 +31,8 @@ def probe(features: np.ndarray, labels: np.ndarray) -> float:
     )
     clf = LogisticRegression(max_iter=5000).fit(fit, y_fit)
     return balanced_accuracy_score(y_test, clf.predict(test))
+
+
+def largest_weight_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
+    """Largest absolute difference between two state dicts' tensors, wherever each lives."""
+    return max((a[k].cpu().float() - v.cpu().float()).abs().max().item() for k, v in b.items())

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from quality_probe import MODEL, TRAIN, probe
+from quality_probe import DATA, MODEL, TRAIN, probe
 
 from locusformer.correct import attention_map, correct, iter_correct, run_attention, run_correct
 from locusformer.errors import InputError
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def trained(batch_effect: bool):
     strength = {} if batch_effect else {"batch_shift": 0.0, "batch_scale": 0.0}
-    sim = simulate(n_samples=300, n_loci=200, n_batches=2, n_groups=3, seed=0, **strength)
+    sim = simulate(**{**DATA, **strength})
     labels = [f"b{b}" for b in sim.batch]
     torch.set_num_threads(1)
     model, history = train_corrector(

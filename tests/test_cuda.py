@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from quality_probe import MODEL, TRAIN, probe
+from quality_probe import DATA, MODEL, TRAIN, largest_weight_difference, probe
 from torch import nn
 
 from locusformer.attention import MultiHeadSelfAttention
@@ -38,7 +38,7 @@ def labels_of(sim) -> list[str]:
 @pytest.fixture(scope="module")
 def sim():
     """test_correct's data: two batches, three groups, a strong batch effect."""
-    return simulate(n_samples=300, n_loci=200, n_batches=2, n_groups=3, seed=0)
+    return simulate(**DATA)
 
 
 @pytest.fixture(scope="module")
@@ -163,12 +163,8 @@ def test_cuda_training_repeats_for_a_seed(sim, on_gpu):
     again, _ = train_corrector(
         sim.X, labels_of(sim), sim.loci, MODEL, TRAIN, seed=0, device="cuda", progress=False
     )
-    # .cpu(): correct() leaves a model on the device it last ran on, here maybe the CPU
-    first = on_gpu[0].module.state_dict()
-    diff = max(
-        (first[k].cpu().float() - v.cpu().float()).abs().max().item()
-        for k, v in again.module.state_dict().items()
-    )
+    # correct() leaves a model on the device it last ran on: the helper compares on the CPU
+    diff = largest_weight_difference(on_gpu[0].module.state_dict(), again.module.state_dict())
     print(f"two cuda runs, seed 0: largest weight difference {diff:.3g}")
     assert diff == 0.0
 

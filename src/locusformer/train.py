@@ -207,8 +207,8 @@ def check_compile(tc: TrainConfig, dev: torch.device) -> None:
     encoder kept the batch: test_correct's probe found it in the latent at 1.0 balanced
     accuracy against 0.51 eager, biology intact (BENCHMARKS.md, session 22), and its
     training epochs were not faster. The CPU's compiled run, bf16 autocast included,
-    meets the eager bar, so the failure could not be traced off the GPU. An uncorrected result
-    that looks like a corrected one is worse than a refusal.
+    meets the eager bar, so the failure could not be traced off the GPU. An uncorrected
+    result that looks like a corrected one is worse than a refusal.
     """
     if tc.compile and dev.type == "cuda":
         raise InputError(
