@@ -253,7 +253,8 @@ class TrainConfig:
     # comfortably in memory. The same numbers either way.
     data_on_disk: DataOnDisk = "auto"
     # torch.compile the encoder (the attention blocks, where the time goes); the first
-    # steps pay the compilation (tens of seconds). CPU only: train.check_compile says why.
+    # steps pay the compilation (tens of seconds). Off by default: on the one GPU
+    # measured (an H200) it was not faster (BENCHMARKS.md, sessions 22 and 23).
     compile: bool = False
 
     @classmethod

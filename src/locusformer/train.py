@@ -189,7 +189,6 @@ def train_corrector(
     gene_ids = loci["gene_id"].astype(str).tolist() if "gene_id" in loci.columns else None
     dist, dev = init_distributed(tc.devices, device)
     try:
-        check_compile(tc, dev)
         n_bad_inputs = sum(int(block.size - np.isfinite(block).sum()) for block in row_blocks(X))
         return _train(
             X, labels, loci, mc, tc, seed, dev, dist, codes, batch_names, gene_ids,
@@ -198,24 +197,6 @@ def train_corrector(
     finally:
         if dist is not None and dist.owns_group:
             torch.distributed.destroy_process_group()
-
-
-def check_compile(tc: TrainConfig, dev: torch.device) -> None:
-    """Refuse ``training.compile`` on a CUDA device.
-
-    In the one GPU run measured (an H200, PyTorch 2.11, bf16 autocast) the compiled
-    encoder kept the batch: test_correct's probe found it in the latent at 1.0 balanced
-    accuracy against 0.51 eager, biology intact (BENCHMARKS.md, session 22), and its
-    training epochs were not faster. The CPU's compiled run, bf16 autocast included,
-    meets the eager bar, so the failure could not be traced off the GPU. An uncorrected
-    result that looks like a corrected one is worse than a refusal.
-    """
-    if tc.compile and dev.type == "cuda":
-        raise InputError(
-            "training.compile",
-            "refused on CUDA: on the one GPU measured the compiled encoder left the batch "
-            "in the latent (BENCHMARKS.md, session 22); set training.compile: false",
-        )
 
 
 def _train(
