@@ -84,6 +84,24 @@ def test_history_of_the_real_run(with_batch_effect) -> None:
     _, _, _, history = with_batch_effect
     assert history["train_recon"].iloc[-1] < history["train_recon"].iloc[0]
     assert history["adversary_weight"].max() == pytest.approx(TrainConfig().adversary_weight)
+    # The cluster term's clusters are found from the end of the ramp-up (epoch 20) on,
+    # and here came to hold both batches.
+    compared = history["clusters_compared"]
+    assert compared.iloc[:19].isna().all() and compared.iloc[19:].notna().all()
+    assert compared.max() > 0
+
+
+def test_warns_when_the_cluster_term_never_acted() -> None:
+    """The default settings on this data (300 samples, a strong shift) never mix the
+    batches enough for a latent cluster to hold both: the term never acts and the batch
+    stays whole (session 23: batch probe 1.0 on seeds 0-9). Training says so."""
+    sim = simulate(**DATA)
+    labels = [f"b{b}" for b in sim.batch]
+    with pytest.warns(UserWarning, match="cluster term never acted"):
+        model, history = train_corrector(sim.X, labels, sim.loci, seed=0, progress=False)
+    assert (history["clusters_compared"].dropna() == 0).all()
+    _, latent = correct(model, sim.X, labels, device="cpu")
+    assert probe(latent, sim.batch) > 0.95  # the batch the warning speaks of
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from locusformer.correct import correct
-from locusformer.epoch_checks import validate
+from locusformer.epoch_checks import never_compared, validate
 from locusformer.errors import InputError
 from locusformer.runtime import resolve_device
 from locusformer.simulate import simulate
@@ -75,6 +75,16 @@ def test_same_seed_is_bit_identical_and_another_seed_is_not(data) -> None:
     assert same_state(m1, m2)
     pd.testing.assert_frame_equal(h1.drop(columns="seconds"), h2.drop(columns="seconds"))
     assert not same_state(m1, m3)
+
+
+def test_never_compared_reads_the_clusters_column() -> None:
+    def history(*compared: float) -> pd.DataFrame:
+        return pd.DataFrame({"clusters_compared": compared})
+
+    assert never_compared(history(np.nan, np.nan, 0.0, 0.0))  # clustered, never shared
+    assert not never_compared(history(np.nan, 0.0, 3.0, 0.0))  # acted in one epoch
+    assert not never_compared(history(np.nan, np.nan))  # no clustering (scope, ramp-up)
+    assert not never_compared(history())
 
 
 def test_history_log_and_checkpoint(data, tmp_path: Path) -> None:

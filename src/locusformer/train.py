@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +54,14 @@ from locusformer.data import (
     stratified_split,
 )
 from locusformer.distributed import Dist, gather_rows, init_distributed
-from locusformer.epoch_checks import check_finite, loss_means, validate
+from locusformer.epoch_checks import (
+    NEVER_COMPARED,
+    check_finite,
+    clusters_compared,
+    loss_means,
+    never_compared,
+    validate,
+)
 from locusformer.errors import InputError, TrainingDivergedError
 from locusformer.layout import build_layout
 from locusformer.losses import Clusters
@@ -76,6 +84,9 @@ HISTORY_COLUMNS = [
     "val_recon",
     "train_disc_acc",
     "val_disc_acc",
+    # Latent clusters in which the cluster term compared batches this epoch (NaN: no
+    # clustering this epoch; 0: none held a fair share of two batches, the term is 0).
+    "clusters_compared",
     "lr",
     "adversary_weight",
     "seconds",
@@ -298,7 +309,10 @@ def _train(
     if log_path is not None and rank0:
         _write_history(log_path, state.history)
     record = ModelRecord(batch_names, gene_ids, loci=loci.reset_index(drop=True), seed=seed)
-    return TrainedModel(model, record), pd.DataFrame(state.history, columns=HISTORY_COLUMNS)
+    history = pd.DataFrame(state.history, columns=HISTORY_COLUMNS)
+    if rank0 and never_compared(history):
+        warnings.warn(NEVER_COMPARED, stacklevel=3)
+    return TrainedModel(model, record), history
 
 
 def _train_epochs(
@@ -322,11 +336,13 @@ def _train_epochs(
         # Under DDP every process finds the same clusters (same weights, rows and seed),
         # so all of them take the same decision.
         clusters = _epoch_clusters(run, weights, epoch)
+        compared = float("nan") if clusters is None else float(clusters_compared(clusters))
         if clusters is not None and not state.extended and _all_shared(clusters, epoch, rampup):
             state.extended = _extend(run)
             bar.total = run.plan.epochs
         model.train()
         row = {"epoch": epoch + 1, **_run_epoch(run, weights, clusters, epoch)}
+        row["clusters_compared"] = compared
         row.update(
             validate(model, run.Xs, run.codes, run.val_rows, tc.batch_size, run.device, run.dist)
         )
