@@ -296,6 +296,25 @@ def test_report_with_nothing_but_a_name(tmp_path: Path) -> None:
     assert_self_contained(html)
 
 
+@pytest.mark.parametrize("compared", [[0.0, 0.0, 0.0], [0.0, 2.0, 3.0]], ids=["never", "acted"])
+def test_the_training_section_warns_when_the_cluster_term_never_acted(
+    tmp_path: Path, compared: list[float]
+) -> None:
+    history = pd.DataFrame(
+        {"epoch": [1, 2, 3, 4], "train_recon": [1.0, 0.8, 0.7, 0.6], "lr": 1e-3,
+         "clusters_compared": [np.nan, *compared]}
+    )  # fmt: skip
+    history.to_csv(tmp_path / "history.tsv", sep="\t", index=False)
+    html = report.render_dataset_report(
+        tmp_path / "r.html", dataset="d", history_tsv=tmp_path / "history.tsv"
+    )
+    assert "clusters_compared" in html  # plotted, and named in the caption
+    never = 'id="history-warning"' in html
+    assert never == (max(compared) == 0)
+    if never:
+        assert "the cluster term never acted" in html
+
+
 def test_umap_embedding_plot(tmp_path: Path, dataset) -> None:
     html = report.render_dataset_report(
         tmp_path / "r.html",

@@ -11,8 +11,9 @@ import pandas as pd
 import pytest
 import torch
 
+from locusformer.alignment import never_compared
 from locusformer.correct import correct
-from locusformer.epoch_checks import never_compared, validate
+from locusformer.epoch_checks import validate
 from locusformer.errors import InputError
 from locusformer.runtime import resolve_device
 from locusformer.simulate import simulate

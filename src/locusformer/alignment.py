@@ -308,3 +308,26 @@ def adversary_targets(
     if levels is not None:
         holds &= level_batches(codes, levels, n_batches)
     return target_prior(holds, codes, levels)
+
+
+NEVER_COMPARED = (
+    "training: no latent cluster held a fair share of two batches in any epoch, so the "
+    "cluster term never acted: either the batches share no biology, or the batch effect "
+    "is still in the latent; check the batch-mixing scores (BENCHMARKS.md, session 23)"
+)
+
+
+def never_compared(history: pd.DataFrame) -> bool:
+    """Whether the cluster term found latent clusters in some epoch and, in every one,
+    none held a fair share of two batches: it never acted.
+
+    Then either the batches share no biology, or the latent stayed split by batch
+    because the adversary alone did not mix the batches before the run ended. The
+    second left test_correct's data (300 samples, a strong shift, both batches holding
+    every group) wholly uncorrected at the default settings: batch probe 1.0 on every
+    seed. Comparing whole batches in such epochs fixed that and cost the confounded
+    pseudo-bulk, where the batches' biology differs (BENCHMARKS.md, session 23), so
+    training warns rather than choosing.
+    """
+    compared = history["clusters_compared"].dropna()
+    return len(compared) > 0 and bool((compared == 0).all())

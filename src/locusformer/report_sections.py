@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from locusformer.alignment import NEVER_COMPARED, never_compared
 from locusformer.errors import InputError, one_line
 from locusformer.pca import pca
 from locusformer.report_figures import (
@@ -147,8 +148,10 @@ def history_section(history_tsv: PathLike | None) -> dict:
     cols = [c for c in numeric.columns if c != "epoch" and numeric[c].notna().any()]
     lr = [c for c in cols if c.lower() in ("lr", "learning_rate") or c.lower().startswith("lr_")]
     acc = [c for c in cols if "acc" in c.lower() and c not in lr]
-    # Schedules and timings are not losses: they get their own panel.
-    schedule = [c for c in cols if c.lower().endswith("_weight") or c.lower() == "seconds"]
+    # Schedules, timings and the clusters compared are not losses: their own panel.
+    schedule = [
+        c for c in cols if c.lower().endswith("_weight") or c in ("seconds", "clusters_compared")
+    ]
     loss = [c for c in cols if c not in lr and c not in acc and c not in schedule]
     panels = [
         (title, c)
@@ -165,6 +168,8 @@ def history_section(history_tsv: PathLike | None) -> dict:
         return section
     figure = history_figure(x, numeric, panels)
     section.update(available=True, figure=figure, columns=cols, n_epochs=len(hist))
+    if "clusters_compared" in hist.columns and never_compared(numeric):
+        section["warning"] = NEVER_COMPARED.removeprefix("training: ")
     return section
 
 

@@ -27,8 +27,10 @@ from locusformer import atomic
 from locusformer.alignment import (
     CLUSTER_MAX_SAMPLES,
     CLUSTER_SIGMA,
+    NEVER_COMPARED,
     adversary_targets,
     latent_clusters,
+    never_compared,
 )
 from locusformer.checkpoint import (
     ModelRecord,
@@ -54,14 +56,7 @@ from locusformer.data import (
     stratified_split,
 )
 from locusformer.distributed import Dist, gather_rows, init_distributed
-from locusformer.epoch_checks import (
-    NEVER_COMPARED,
-    check_finite,
-    clusters_compared,
-    loss_means,
-    never_compared,
-    validate,
-)
+from locusformer.epoch_checks import check_finite, clusters_compared, loss_means, validate
 from locusformer.errors import InputError, TrainingDivergedError
 from locusformer.layout import build_layout
 from locusformer.losses import Clusters
