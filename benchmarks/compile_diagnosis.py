@@ -58,17 +58,25 @@ def _precision(name: str, dev: torch.device) -> contextlib.AbstractContextManage
     return autocast(dev) if name == "bf16" else contextlib.nullcontext()
 
 
-def one_step(sim, dev: torch.device, precision: str) -> dict:
-    """Latent, loss and gradients of one training step, compiled against eager."""
-    mc, tc = ModelConfig(**MODEL), TrainConfig(**TRAIN)
+def _pair(sim, dev: torch.device) -> tuple[LocusFormer, LocusFormer, np.ndarray]:
+    """A fresh model on ``dev`` in eval mode (dropout off: both copies compute the same
+    function), a copy with its encoder compiled, and the data as float32."""
+    mc = ModelConfig(**MODEL)
     torch.manual_seed(0)
     layout = build_layout(sim.loci, mc.patch_size, mc.position_scale, mc.coordinate_unit)
     eager = LocusFormer(mc, layout, 2)
     X = sim.X.astype(np.float32)
     eager.set_standardization(X.mean(0), X.std(0) + 1e-6)
-    eager.to(dev).eval()  # dropout off: both copies compute the same function
+    eager.to(dev).eval()
     compiled = copy.deepcopy(eager)
     compiled.encoder.compile()
+    return eager, compiled, X
+
+
+def one_step(sim, dev: torch.device, precision: str) -> dict:
+    """Latent, loss and gradients of one training step, compiled against eager."""
+    tc = TrainConfig(**TRAIN)
+    eager, compiled, X = _pair(sim, dev)
     x = eager.standardize(torch.from_numpy(X[:64]).to(dev))
     b = torch.from_numpy(sim.batch[:64].astype(np.int64)).to(dev)
     weights = loss_weights(tc, 1.0)
@@ -114,15 +122,8 @@ def few_steps(sim, dev: torch.device, inference_first: bool, n_steps: int = 6) -
     the latents' relative difference after each step. ``inference_first`` calls the
     compiled encoder under ``torch.inference_mode`` first, as training's cluster search
     does at an epoch's start, to see whether that first graph leaks into training's."""
-    mc, tc = ModelConfig(**MODEL), TrainConfig(**TRAIN)
-    torch.manual_seed(0)
-    layout = build_layout(sim.loci, mc.patch_size, mc.position_scale, mc.coordinate_unit)
-    eager = LocusFormer(mc, layout, 2)
-    X = sim.X.astype(np.float32)
-    eager.set_standardization(X.mean(0), X.std(0) + 1e-6)
-    eager.to(dev).eval()
-    compiled = copy.deepcopy(eager)
-    compiled.encoder.compile()
+    tc = TrainConfig(**TRAIN)
+    eager, compiled, X = _pair(sim, dev)
     weights = loss_weights(tc, 1.0)
     prior = batch_prior(sim.batch.astype(np.int64), 2, dev)
     xs = eager.standardize(torch.from_numpy(X).to(dev))
