@@ -12,7 +12,7 @@ import torch
 from locusformer.data import Rows, minibatches
 from locusformer.distributed import Dist
 from locusformer.errors import TrainingDivergedError
-from locusformer.losses import Clusters
+from locusformer.losses import Clusters, compared_clusters
 from locusformer.model import LocusFormer, Loss, LossWeights
 from locusformer.runtime import autocast
 
@@ -82,5 +82,5 @@ def validate(
 
 
 def clusters_compared(clusters: Clusters) -> int:
-    """Clusters that hold a fair share of two batches or more: those the term compares."""
-    return int((clusters.gate.sum(dim=-1) >= 2).sum())
+    """How many clusters the cluster term compares batches in (:func:`compared_clusters`)."""
+    return int(compared_clusters(clusters.gate).sum())

@@ -134,6 +134,12 @@ def cluster_responsibilities(z: Tensor, clusters: Clusters) -> Tensor:
         return torch.softmax(-2.0 * (1.0 - cos) / clusters.sigma, dim=-1)
 
 
+def compared_clusters(gate: Tensor) -> Tensor:
+    """(K,) bool: the clusters of ``gate`` (K, N) that hold two gated batches or more,
+    the only ones :func:`cluster_batch_mean_distance` compares batches in."""
+    return gate.float().sum(dim=-1) >= 2
+
+
 def cluster_batch_mean_distance(
     z: Tensor,
     batch: Tensor,
@@ -167,7 +173,7 @@ def cluster_batch_mean_distance(
     Z = z.shape[1]
     onehot = F.one_hot(batch, n_batches).float()  # (B, N)
     gate = gate.float()
-    gate = gate * (gate.sum(dim=-1, keepdim=True) >= 2)  # a cluster of one batch: none
+    gate = gate * compared_clusters(gate)[:, None]  # a cluster of one batch: none
     w = resp.float()[:, :, None] * onehot[:, None, :] * gate[None]  # (B, K, N)
     # The whitening is that of the samples compared: one in no gated cluster counts 0,
     # so a type one batch alone holds neither moves nor is moved.
