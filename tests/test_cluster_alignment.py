@@ -17,6 +17,7 @@ from locusformer.losses import (
     Clusters,
     batch_mean_distance,
     cluster_batch_mean_distance,
+    cluster_cover,
     cluster_responsibilities,
 )
 
@@ -83,6 +84,42 @@ def test_a_type_one_batch_alone_holds_is_pulled_toward_nothing() -> None:
     alone = (kind == 1) & (batch == 0)
     assert z.grad[alone].abs().max() == 0
     assert z.grad[kind == 0].abs().max() > 0
+
+
+def test_cover_changes_nothing_where_every_gate_is_open() -> None:
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(64, 8, generator=g)
+    batch = torch.randint(0, 3, (64,), generator=g)
+    resp = torch.softmax(torch.randn(64, 4, generator=g) * 3, dim=-1)
+    gate = torch.ones(4, 3)
+    cover = cluster_cover(resp, gate, batch, 3)
+    assert torch.equal(cover, torch.ones_like(cover))  # exactly: the run is as without it
+    plain = cluster_batch_mean_distance(z, batch, 3, resp, gate)
+    assert torch.equal(cluster_batch_mean_distance(z, batch, 3, resp * cover, gate), plain)
+
+
+def test_the_edge_of_a_type_one_batch_alone_holds_is_not_compared_in_its_neighbour() -> None:
+    # Type 1 is batch 0's alone (its cluster gated for batch 0 only) and borders type 0,
+    # which both batches hold. Soft responsibilities put 0.3 of every type-1 cell in type
+    # 0's cluster, where batch 0's mean is compared with batch 1's: with no batch shift
+    # at all the term sees one, which only drawing type 1 into type 0 would remove.
+    # Weighed by its cover (1 - 0.7: batch 1 lacks 0.7 of it), type 1 counts little there,
+    # and a real shift of batch 1 is still seen.
+    z, batch, kind = two_types(1.0, 0.0)  # batch 1 holds type 0 only
+    gate = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    resp = by_type(kind)
+    resp[kind == 1] = torch.tensor([0.3, 0.7])
+    cover = cluster_cover(resp, gate, batch, 2)
+    assert torch.equal(cover[kind == 0], torch.ones_like(cover[kind == 0]))  # all hold it
+    np.testing.assert_allclose(cover[kind == 1, 0].numpy(), 0.3, rtol=1e-6)
+    assert torch.equal(cover[kind == 1, 1], torch.ones_like(cover[kind == 1, 1]))  # own
+    leaked = cluster_batch_mean_distance(z, batch, 2, resp, gate)
+    covered = cluster_batch_mean_distance(z, batch, 2, resp * cover, gate)
+    shifted, _, _ = two_types(1.0, 1.0)
+    seen = cluster_batch_mean_distance(shifted, batch, 2, resp * cover, gate)
+    assert leaked > 0.1  # a composition artefact the encoder would remove
+    assert covered < 0.3 * leaked
+    assert seen > 0.5
 
 
 @pytest.fixture(scope="module")
@@ -175,3 +212,52 @@ def test_training_with_clusters_resumes_where_it_stopped(tmp_path) -> None:
     )
     for (name, a), b in pairs:
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+def _trained_with_cover(X, labels, loci, cover: bool, monkeypatch) -> tuple[dict, list]:
+    """Weights after 4 epochs with ``batch_mean_cover`` as given, and each epoch's gates."""
+    import locusformer.train as train
+
+    gates = []
+
+    def spy(*args, **kwargs):
+        found = latent_clusters(*args, **kwargs)
+        gates.append(found.gate.copy())
+        return found
+
+    monkeypatch.setattr(train, "latent_clusters", spy)
+    small = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
+    tc = dict(
+        max_epochs=4, batch_size=32, batch_mean_clusters=3, adversary_rampup_epochs=1,
+        batch_mean_cover=cover,
+    )  # fmt: skip
+    torch.set_num_threads(1)
+    model, _ = train.train_corrector(
+        X, labels, loci, small, tc, seed=0, device="cpu", progress=False
+    )
+    return model.module.state_dict(), gates
+
+
+def test_training_with_cover_is_training_without_it_where_every_gate_is_open(monkeypatch):
+    from locusformer.simulate import simulate
+
+    sim = simulate(n_samples=120, n_loci=40, n_batches=2, n_groups=3, batch_shift=0.0,
+                   batch_scale=0.0, seed=2)  # fmt: skip
+    args = (sim.X, [f"b{b}" for b in sim.batch], sim.loci)
+    plain, gates = _trained_with_cover(*args, False, monkeypatch)
+    covered, _ = _trained_with_cover(*args, True, monkeypatch)
+    assert gates and all(g.all() for g in gates)  # the premise: every gate open
+    for name, a in plain.items():
+        torch.testing.assert_close(covered[name], a, rtol=0, atol=0, msg=name)
+
+
+def test_training_with_cover_acts_where_a_group_is_one_batch_s_alone(monkeypatch):
+    from locusformer.simulate import simulate
+
+    sim = simulate(n_samples=160, n_loci=40, n_batches=2, n_groups=3, seed=2)
+    keep = ~((sim.group == 2) & (sim.batch == 1))  # group 2: batch 0 alone
+    args = (sim.X[keep], [f"b{b}" for b in sim.batch[keep]], sim.loci)
+    plain, gates = _trained_with_cover(*args, False, monkeypatch)
+    covered, _ = _trained_with_cover(*args, True, monkeypatch)
+    assert any(not g.all() for g in gates)  # the premise: some gate closed
+    assert any(not torch.equal(covered[name], a) for name, a in plain.items())

@@ -26,6 +26,7 @@ class Clusters(NamedTuple):
     centroids: Tensor  # (K, Z) unit length
     gate: Tensor  # (K, N) 1 where batch n holds cluster k's biology, else 0
     sigma: float  # softness of the assignment on the cosine distance
+    cover: bool = False  # weigh each sample by :func:`cluster_cover` in every cluster
 
 
 class GradientReversal(torch.autograd.Function):
@@ -132,6 +133,28 @@ def cluster_responsibilities(z: Tensor, clusters: Clusters) -> Tensor:
         unit = F.normalize(z.float() - clusters.center.float(), dim=-1)
         cos = unit @ clusters.centroids.float().T  # (B, K)
         return torch.softmax(-2.0 * (1.0 - cos) / clusters.sigma, dim=-1)
+
+
+def cluster_cover(resp: Tensor, gate: Tensor, batch: Tensor, n_batches: int) -> Tensor:
+    """(B, K): how far the batches compared in cluster k hold sample i's biology.
+
+    A sample's soft responsibilities ``resp`` (B, K) spread it over neighbouring
+    clusters. Where a cell type that some batches lack borders one that every batch
+    holds, its edge cells then count in the shared cluster, in their batches' means
+    there, and comparing those means with the other batches' draws the type into its
+    neighbour (plate 2's reference, BENCHMARKS.md session 24). Batch n lacks sample
+    i's biology as far as i's clusters are closed to n: lacks[i, n] = sum_k resp[i, k]
+    (1 - gate[k, n]), 0 for its own batch. Its cover in cluster k is 1 minus the most
+    that a batch compared there lacks it: 1 where every one of them holds it (exactly,
+    so where every gate is open nothing changes), near 0 where one of them holds only
+    its neighbours.
+    """
+    with torch.no_grad():
+        g = gate.float()  # (K, N)
+        lacks = (resp.float() @ (1.0 - g)) * (1.0 - F.one_hot(batch, n_batches).float())
+        compared = (g > 0)[None]  # (1, K, N)
+        worst = torch.where(compared, lacks[:, None, :], torch.zeros_like(lacks)[:, None, :])
+        return 1.0 - worst.amax(dim=-1)  # (B, K)
 
 
 def compared_clusters(gate: Tensor) -> Tensor:

@@ -41,6 +41,7 @@ from locusformer.losses import (
     batch_mean_distance,
     batch_mmd,
     cluster_batch_mean_distance,
+    cluster_cover,
     cluster_responsibilities,
     confusion_loss,
     frozen_call,
@@ -527,7 +528,8 @@ class LocusFormer(nn.Module):
         per-sample terms then weigh
         ``share`` (its rows x processes / M), so that averaging the processes' gradients
         gives the gradient of the whole minibatch's loss. ``clusters``, when given, moves
-        the batch means into the latent's clusters (:func:`cluster_batch_mean_distance`).
+        the batch means into the latent's clusters (:func:`cluster_batch_mean_distance`),
+        each sample weighed there by its :func:`cluster_cover` when ``clusters.cover``.
         ``levels`` (B,), each sample's protected level, adds :func:`level_batch_share` at
         ``weights.level_mean``.
         """
@@ -549,6 +551,8 @@ class LocusFormer(nn.Module):
             resp = cluster_responsibilities(z, clusters)  # (M, K)
             if shared is not None:
                 resp = resp * shared[:, None]
+            if clusters.cover:
+                resp = resp * cluster_cover(resp, clusters.gate, b, self.n_batches)
             batch_mean = cluster_batch_mean_distance(z, b, self.n_batches, resp, clusters.gate)
         mmd = batch_mmd(z, b, self.n_batches)
         cycle = torch.zeros((), device=out.latent.device)

@@ -468,7 +468,8 @@ def _epoch_clusters(run: _Run, weights: LossWeights, epoch: int) -> Clusters | N
         torch.cat(latents).numpy(), run.codes[rows].numpy(), model.n_batches,
         tc.batch_mean_clusters, seed=run.seed,
     )  # fmt: skip
-    return Clusters(*(torch.from_numpy(a).to(run.device) for a in found), CLUSTER_SIGMA)
+    tensors = (torch.from_numpy(a).to(run.device) for a in found)
+    return Clusters(*tensors, CLUSTER_SIGMA, cover=tc.batch_mean_cover)
 
 
 def _other_batches(
