@@ -60,6 +60,15 @@ def vote(neighbours: np.ndarray) -> np.ndarray:
     return np.array([pd.Series(row).value_counts().index[0] for row in neighbours])
 
 
+def confusions(truth: np.ndarray, predicted: np.ndarray, top: int | None = None) -> str:
+    """The errors as "true->predicted:count", most frequent first (the ``top`` first); "-"
+    when there are none."""
+    wrong = pd.Series([f"{a}->{b}" for a, b in zip(truth, predicted, strict=True) if a != b])
+    counts = wrong.value_counts()
+    counts = counts if top is None else counts.head(top)
+    return " ".join(f"{k}:{v}" for k, v in counts.items()) or "-"
+
+
 def knn_transfer(rep: np.ndarray, labels: np.ndarray, query: np.ndarray) -> dict[str, float]:
     """Reference (``~query``) labels -> query by a majority of K reference neighbours.
 

@@ -35,12 +35,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mapping import Bench, K, knn_transfer, vote, zero_shot
-
-
-def _errors(truth: np.ndarray, predicted: np.ndarray) -> str:
-    wrong = pd.Series([f"{a}->{b}" for a, b in zip(truth, predicted, strict=True) if a != b])
-    return " ".join(f"{k}:{v}" for k, v in wrong.value_counts().items()) or "-"
+from mapping import Bench, K, confusions, knn_transfer, vote, zero_shot
 
 
 def _totals(bench: Bench, result, seed: int) -> tuple[float, float]:
@@ -109,9 +104,9 @@ def main() -> None:
                 mapped = vote(lr[nn.kneighbors(z[query], K)[1]])
                 row |= {
                     "ref_self": float((own == lr).mean()),
-                    "ref_errors": _errors(lr, own),
+                    "ref_errors": confusions(lr, own),
                     "query": float((mapped == labels[query]).mean()),
-                    "query_errors": _errors(labels[query], mapped),
+                    "query_errors": confusions(labels[query], mapped),
                     "query_f1": knn_transfer(z, labels, query)["macro_f1"],
                 }
                 surgery = (

@@ -24,15 +24,10 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mapping import Bench, K, vote
+from mapping import Bench, K, confusions, vote
 
 import locusformer.train as train
 from locusformer.losses import cluster_responsibilities
-
-
-def _errors(truth: np.ndarray, predicted: np.ndarray) -> str:
-    wrong = pd.Series([f"{a}->{b}" for a, b in zip(truth, predicted, strict=True) if a != b])
-    return " ".join(f"{k}:{v}" for k, v in wrong.value_counts().head(4).items())
 
 
 def main() -> None:
@@ -53,21 +48,12 @@ def main() -> None:
 
     def probed(run, weights, clusters, epoch):
         row = run_epoch(run, weights, clusters, epoch)
-        model = run.model
-        was = model.training
-        model.eval()
-        rows = torch.arange(len(labels))
-        with torch.inference_mode():
-            z = torch.cat([
-                model.encode(xb)[0].float()
-                for xb, _, _ in train.minibatches(run.Xs, run.codes, rows, 256, run.device)
-            ]).numpy()  # fmt: skip
-        model.train(was)
+        z = train._latents(run, torch.arange(len(labels)))
         nn = NearestNeighbors(n_neighbors=K + 1).fit(z)
         own = vote(labels[nn.kneighbors(z)[1][:, 1:]])  # itself left out
         gates = "" if clusters is None else f"gates {float(clusters.gate.float().mean()):.2f}"
         print(f"epoch {epoch + 1}\tself {np.mean(own == labels):.3f}\t{gates}\t"
-              f"{_errors(labels, own)}", flush=True)  # fmt: skip
+              f"{confusions(labels, own, top=4)}", flush=True)  # fmt: skip
         if clusters is not None and epoch + 1 in args.show:
             home = cluster_responsibilities(torch.from_numpy(z), clusters).numpy().argmax(1)
             for k in np.unique(home):

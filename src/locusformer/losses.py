@@ -152,9 +152,8 @@ def cluster_cover(resp: Tensor, gate: Tensor, batch: Tensor, n_batches: int) -> 
     with torch.no_grad():
         g = gate.float()  # (K, N)
         lacks = (resp.float() @ (1.0 - g)) * (1.0 - F.one_hot(batch, n_batches).float())
-        compared = (g > 0)[None]  # (1, K, N)
-        worst = torch.where(compared, lacks[:, None, :], torch.zeros_like(lacks)[:, None, :])
-        return 1.0 - worst.amax(dim=-1)  # (B, K)
+        # lacks >= 0, so masking the batches not compared in k by 0 leaves the maximum.
+        return 1.0 - (lacks[:, None, :] * g[None]).amax(dim=-1)  # (B, K)
 
 
 def compared_clusters(gate: Tensor) -> Tensor:

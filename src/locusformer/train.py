@@ -456,20 +456,28 @@ def _epoch_clusters(run: _Run, weights: LossWeights, epoch: int) -> Clusters | N
     if len(rows) > CLUSTER_MAX_SAMPLES:
         rng = np.random.default_rng([run.seed, 4, epoch])
         rows = rows[np.sort(rng.choice(len(rows), CLUSTER_MAX_SAMPLES, replace=False))]
-    was_training = model.training
-    model.eval()
-    latents = []
-    with torch.inference_mode():
-        for xb, _, _ in minibatches(run.Xs, run.codes, rows, max(tc.batch_size, 256), run.device):
-            with autocast(run.device):
-                latents.append(model.encode(xb)[0].float().cpu())
-    model.train(was_training)
     found = latent_clusters(
-        torch.cat(latents).numpy(), run.codes[rows].numpy(), model.n_batches,
+        _latents(run, rows), run.codes[rows].numpy(), model.n_batches,
         tc.batch_mean_clusters, seed=run.seed,
     )  # fmt: skip
     tensors = (torch.from_numpy(a).to(run.device) for a in found)
     return Clusters(*tensors, CLUSTER_SIGMA, cover=tc.batch_mean_cover)
+
+
+def _latents(run: _Run, rows: torch.Tensor) -> np.ndarray:
+    """(len(rows), Z) float32 latents of the training matrix's ``rows``, in eval mode;
+    the model's mode is restored after."""
+    model = run.model
+    was_training = model.training
+    model.eval()
+    latents = []
+    with torch.inference_mode():
+        batch_size = max(run.tc.batch_size, 256)
+        for xb, _, _ in minibatches(run.Xs, run.codes, rows, batch_size, run.device):
+            with autocast(run.device):
+                latents.append(model.encode(xb)[0].float().cpu())
+    model.train(was_training)
+    return torch.cat(latents).numpy()
 
 
 def _other_batches(
