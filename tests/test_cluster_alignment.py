@@ -167,6 +167,55 @@ def test_more_clusters_than_groups_still_compare_within_a_group(three_groups):
             assert len(np.unique(group[home == k])) == 1
 
 
+def _on_a_circle(layout: tuple[tuple[int, int], ...], seed: int = 0):
+    """40 latents (3-d, the third axis noise) about each (angle in degrees, batch)."""
+    rng = np.random.default_rng(seed)
+    z, batch = [], []
+    for degrees, b in layout:
+        t = np.deg2rad(degrees)
+        z.append(np.stack([np.cos(t), np.sin(t), 0.0]) + rng.normal(0, 0.03, size=(40, 3)))
+        batch += [b] * 40
+    return np.concatenate(z).astype(np.float32), np.array(batch)
+
+
+def _gates_and_resp(z, batch, n_clusters: int) -> tuple[np.ndarray, np.ndarray]:
+    """The gates (K, 2) of :func:`latent_clusters` and the soft responsibilities (n, K)
+    the loss gives its clusters."""
+    found = latent_clusters(z, batch, 2, n_clusters=n_clusters, seed=0)
+    clusters = Clusters(*(torch.from_numpy(a) for a in found), CLUSTER_SIGMA)
+    return found.gate, cluster_responsibilities(torch.from_numpy(z), clusters).numpy()
+
+
+def test_a_batch_beside_a_cell_type_it_lacks_does_not_open_its_gate() -> None:
+    """Two cell types both batches hold (0 and 180 degrees), each with a neighbour 25
+    degrees away that only batch 0 holds. The soft responsibilities carry many of batch
+    1's cells into the neighbours' clusters, but those cells are compared in their own
+    cluster already: batch 1 is not compared in the neighbours'."""
+    layout = ((0, 0), (0, 1), (25, 0), (25, 0), (180, 0), (180, 1), (205, 0), (205, 0))
+    z, batch = _on_a_circle(layout)
+    cell_type = np.repeat([0, 0, 1, 1, 2, 2, 3, 3], 40)
+    gate, resp = _gates_and_resp(z, batch, 4)
+    home = resp.argmax(axis=1)
+    for k in range(4):
+        (held,) = np.unique(cell_type[home == k])  # one cell type per cluster
+        lone = held in (1, 3)
+        assert gate[k, 0] and gate[k, 1] != lone, f"cluster of type {held}"
+        if lone:  # what soft counts alone would have let in: 5 times the threshold
+            assert resp[batch == 1, k].sum() >= 10.0
+
+
+def test_a_cell_type_the_batch_still_splits_is_compared() -> None:
+    """Two cell types, each split by the batch (batch 1 turned 25 degrees): each cluster
+    holds one batch, and the other batch's soft share in it opens its gate."""
+    layout = ((0, 0), (25, 1), (180, 0), (205, 1))
+    z, batch = _on_a_circle(layout)
+    gate, resp = _gates_and_resp(z, batch, 4)
+    home = resp.argmax(axis=1)
+    for k in range(4):
+        assert len(np.unique(batch[home == k])) == 1  # the clusters follow the batch
+    assert gate.all()
+
+
 def test_clusters_are_a_function_of_the_seed(three_groups) -> None:
     z, batch, _ = three_groups
     first = latent_clusters(z, batch, 2, n_clusters=4, seed=3)

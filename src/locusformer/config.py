@@ -185,7 +185,8 @@ class TrainConfig:
     batch_mean_weight: float = 0.5
     # Where the batch means are compared. "clusters": within soft clusters of the latent,
     # found again at each epoch's start once the ramp-up is over (before it, the term is
-    # off), and only between batches that hold a fair share of a cluster
+    # off), and only between batches that hold a fair share of a cluster (each cell
+    # counted in its nearest cluster unless that cluster compares no two batches)
     # (locusformer.alignment.latent_clusters). "batches": whole batches, which asks
     # batches holding different mixtures of cell types to have equal means and removed
     # the biology wherever they did (BENCHMARKS.md, sessions 8 and 9: skewed five sets
