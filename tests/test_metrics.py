@@ -225,6 +225,8 @@ def test_one_kmeans_start_is_scib_metrics_and_more_keep_the_best_clustering() ->
     assert one["nmi"] < 0.9 and one["ari"] < 0.8  # the fifth label split, two corners joined
     ten = metrics.kmeans_nmi_ari(x, y, 10)
     assert ten["nmi"] == pytest.approx(1.0) and ten["ari"] == pytest.approx(1.0)
+    assert metrics.kmeans_nmi_ari(x, y) == ten  # the default
+    assert metrics.kmeans_nmi_ari(x, y, 10, seed=3) == metrics.kmeans_nmi_ari(x, y, 10, seed=3)
 
 
 @pytest.mark.parametrize("bad", [0, "0", "1.5", "many", True])
@@ -253,7 +255,8 @@ def test_within_batch_knn_jaccard_by_hand() -> None:
 @pytest.mark.parametrize("method", ["uncorrected", "combat"])
 def test_values_agree_with_scib_metrics(data, method: str) -> None:
     result, uncorrected = data[method], data["uncorrected"]
-    df = score_method(result, uncorrected, "batch", "cell_type", seed=0)
+    # one k-means start: scib-metrics' own KMeans NMI and ARI, as scib_direct computes them
+    df = score_method(result, uncorrected, "batch", "cell_type", seed=0, kmeans_starts=1)
     assert list(df.columns) == ["method", "metric", "type", "value", "status", "error"]
     assert list(df["metric"]) == BIO + BATCH + AGG
     assert set(df.loc[df["metric"].isin(BIO), "type"]) == {"bio"}
@@ -274,6 +277,16 @@ def test_values_agree_with_scib_metrics(data, method: str) -> None:
     assert got["Batch correction"] == pytest.approx(batch)
     assert got["Bio conservation"] == pytest.approx(bio)
     assert got["Total"] == pytest.approx(0.4 * batch + 0.6 * bio)
+
+    # the default: the same scores but KMeans NMI and ARI, from the best of ten starts
+    default = values(score_method(result, uncorrected, "batch", "cell_type", seed=0))
+    ten = metrics.kmeans_nmi_ari(x, labels, 10, seed=0)
+    assert default["KMeans NMI"] == pytest.approx(ten["nmi"], abs=1e-6)
+    assert default["KMeans ARI"] == pytest.approx(ten["ari"], abs=1e-6)
+    kmeans = {"KMeans NMI", "KMeans ARI"}
+    assert {m: got[m] for m in BATCH + BIO if m not in kmeans} == {
+        m: default[m] for m in BATCH + BIO if m not in kmeans
+    }
 
 
 def test_absolute_values_and_combat_beats_uncorrected_on_batch(data) -> None:

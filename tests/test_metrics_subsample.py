@@ -195,14 +195,15 @@ def test_kmeans_starts_reach_the_scores_through_the_cli(files, capsys) -> None:
     assert not bad.exists()
 
 
-def test_one_kmeans_start_is_the_default_of_the_cli_and_the_config_schema() -> None:
+def test_ten_kmeans_starts_are_the_default_of_the_library_cli_and_config_schema() -> None:
     argv = ["metrics", "--result", "a=a.h5ad", "--uncorrected", "u.h5ad", "--batch-key", "b"]
     args = build_parser().parse_args([*argv, "--out", "a=a.tsv"])
     schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
     starts = schema["properties"]["metrics"]["properties"]["kmeans_starts"]
-    assert metrics.check_kmeans_starts(args.kmeans_starts) == starts["default"] == 1
+    default = metrics.check_kmeans_starts(args.kmeans_starts)
+    assert default == starts["default"] == metrics.DEFAULT_KMEANS_STARTS == 10
     config = yaml.safe_load((ROOT / "config/config.yaml").read_text())
-    assert config["metrics"]["kmeans_starts"] == 1
+    assert config["metrics"]["kmeans_starts"] == 10
 
 
 # --------------------------------------------------------------------------- the report

@@ -253,9 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--kmeans-starts",
-        default=1,  # checked by metrics.check_kmeans_starts, refused in one line
+        default=10,  # metrics.DEFAULT_KMEANS_STARTS; checked by check_kmeans_starts
         help="k-means++ starts behind KMeans NMI and ARI, the lowest-inertia one kept "
-        "(default 1: scib-metrics' own single start)",
+        "(default 10; 1: scib-metrics' own single start)",
     )
     p.add_argument("--out", action="append", required=True, help="METHOD=metrics.tsv")
 

@@ -21,9 +21,10 @@ Every method of a dataset is scored the same way, on the same samples: all of th
   the total ``0.4 * batch + 0.6 * bio`` as in scIB.
 
 Biological conservation (needs a label column): Isolated labels, KMeans NMI, KMeans ARI,
-Silhouette label, cLISI. KMeans NMI and ARI come from scib-metrics' one k-means++ start
-(``kmeans_starts=1``, the default: its published scores); with ``kmeans_starts=N`` from the
-lowest-inertia clustering of N starts (:func:`kmeans_nmi_ari`).
+Silhouette label, cLISI. KMeans NMI and ARI come from the lowest-inertia clustering of
+``kmeans_starts`` k-means++ starts (10 by default, scikit-learn's k-means seeded by the
+run's seed); ``kmeans_starts=1`` is scib-metrics' own single start, the scores it publishes
+(:func:`kmeans_nmi_ari`).
 
 Batch correction: BRAS (``Silhouette batch`` with scib-metrics versions without BRAS),
 iLISI, KBET, Graph connectivity, PCR comparison (against the PCA of the uncorrected
@@ -71,6 +72,8 @@ log = logging.getLogger(__name__)
 
 BATCH_WEIGHT = 0.4
 BIO_WEIGHT = 0.6
+#: k-means++ starts behind KMeans NMI and ARI (:func:`kmeans_nmi_ari`).
+DEFAULT_KMEANS_STARTS = 10
 
 BIO_METRICS: tuple[str, ...] = (
     "Isolated labels",
@@ -211,24 +214,29 @@ def check_kmeans_starts(value: object, source: str = "kmeans_starts") -> int:
     return int(text)
 
 
-def kmeans_nmi_ari(x: np.ndarray, labels: np.ndarray, starts: int = 1) -> dict[str, float]:
+def kmeans_nmi_ari(
+    x: np.ndarray, labels: np.ndarray, starts: int = DEFAULT_KMEANS_STARTS, seed: int = 0
+) -> dict[str, float]:
     """NMI and ARI of the labels against k-means clusters of ``x``, k the number of labels.
 
     ``starts=1`` is :func:`scib_metrics.nmi_ari_cluster_labels_kmeans` itself. One
-    k-means++ start can split a cell type in two and join two others: the same latent then
-    scores 0.05 lower in total than with the best of ten starts (BENCHMARKS.md, session 19:
-    CellBench, plate 3 held out, seed 2). ``starts=N`` keeps the lowest-inertia clustering
-    of N starts (scib-metrics' own k-means, ``n_init=N``), as scikit-learn does.
+    k-means++ start lands in a worse local minimum often enough to reorder correctors: on
+    18 CellBench latents (five sets, de novo and each set mapped, three seeds each) 12-23%
+    of single starts split a cell line in two and joined two others, 0.04-0.06 off the
+    total (BENCHMARKS.md, session 26). ``starts=N`` keeps the lowest-inertia clustering of
+    N starts, scikit-learn's k-means (its default ``n_init`` for years, and about a hundred
+    times faster on the CPU than scib-metrics' JAX k-means with the same starts), seeded by
+    ``seed``.
     """
-    import scib_metrics
-
     if starts == 1:
+        import scib_metrics
+
         return scib_metrics.nmi_ari_cluster_labels_kmeans(x, labels)
-    from scib_metrics.utils import KMeans
+    from sklearn.cluster import KMeans
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-    km = KMeans(len(np.unique(labels)), n_init=starts).fit(np.asarray(x, dtype=np.float32))
-    predicted = np.asarray(km.labels_)
+    km = KMeans(len(np.unique(labels)), n_init=starts, random_state=seed)
+    predicted = km.fit_predict(np.asarray(x, dtype=np.float32))
     return {
         "nmi": normalized_mutual_info_score(labels, predicted, average_method="arithmetic"),
         "ari": adjusted_rand_score(labels, predicted),
@@ -243,7 +251,7 @@ def score_method(
     seed: int = 0,
     reference: dict | None = None,
     samples: pd.Index | None = None,
-    kmeans_starts: int = 1,
+    kmeans_starts: int = DEFAULT_KMEANS_STARTS,
 ) -> pd.DataFrame:
     """Score one integration result; long format (method, metric, type, value, status, error).
 
@@ -253,7 +261,8 @@ def score_method(
     ``samples`` (:func:`run_dataset_metrics`), holds that PCA so it is computed once, not
     once per method. ``samples`` (obs names) scores those only, in the result's order; of a
     :class:`~locusformer.result_rows.ResultFile` only their rows are read.
-    ``kmeans_starts``: k-means starts behind KMeans NMI and ARI (:func:`kmeans_nmi_ari`).
+    ``kmeans_starts``: k-means starts behind KMeans NMI and ARI, seeded by ``seed``
+    (:func:`kmeans_nmi_ari`).
     """
     import scib_metrics
 
@@ -331,7 +340,7 @@ def score_method(
         run("Isolated labels", lambda: scib_metrics.isolated_labels(x, labels, batches))
 
         def kmeans():
-            res = kmeans_nmi_ari(x, labels, kmeans_starts)
+            res = kmeans_nmi_ari(x, labels, kmeans_starts, seed)
             return {"KMeans NMI": res["nmi"], "KMeans ARI": res["ari"]}
 
         run("KMeans NMI", kmeans)
@@ -398,7 +407,7 @@ def run_metrics(
     method: str | None = None,
     seed: int = 0,
     max_samples: int = subsample.DEFAULT_MAX_SAMPLES,
-    kmeans_starts: int = 1,
+    kmeans_starts: int = DEFAULT_KMEANS_STARTS,
 ) -> pd.DataFrame:
     """Score one result file against the uncorrected result and write its metrics TSV:
     :func:`run_dataset_metrics` with one method, by default the one the result names."""
@@ -425,7 +434,7 @@ def run_dataset_metrics(
     out_tsvs: Mapping[str, str | os.PathLike],
     seed: int = 0,
     max_samples: int = subsample.DEFAULT_MAX_SAMPLES,
-    kmeans_starts: int = 1,
+    kmeans_starts: int = DEFAULT_KMEANS_STARTS,
 ) -> pd.DataFrame:
     """Score every method of a dataset in one process: ``results`` and ``out_tsvs`` map
     each method to its result file and to its metrics TSV (written once all are scored).

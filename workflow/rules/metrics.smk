@@ -5,7 +5,7 @@
 # thread made the PCA and kBET many times slower (same scores); JAX's own thread pool
 # still uses the job's cores. Above metrics.max_samples samples every method is scored on
 # one stratified subsample (locusformer.subsample), which each table records.
-# metrics.kmeans_starts > 1 takes KMeans NMI and ARI from the best of that many starts.
+# KMeans NMI and ARI come from the best of metrics.kmeans_starts starts (1: scib-metrics').
 rule metrics:
     input:
         unpack(get_metrics_inputs),
