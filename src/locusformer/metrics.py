@@ -222,8 +222,9 @@ def kmeans_nmi_ari(
     ``starts=1`` is :func:`scib_metrics.nmi_ari_cluster_labels_kmeans` itself. One
     k-means++ start lands in a worse local minimum often enough to reorder correctors: on
     18 CellBench latents (five sets, de novo and each set mapped, three seeds each) 12-23%
-    of single starts split a cell line in two and joined two others, 0.04-0.06 off the
-    total (BENCHMARKS.md, session 26). ``starts=N`` keeps the lowest-inertia clustering of
+    of single starts ended over 5% above the lowest inertia (a cell line split in two and
+    two others joined, where looked at), 0.04-0.06 off the total (BENCHMARKS.md, session
+    26). ``starts=N`` keeps the lowest-inertia clustering of
     N starts, scikit-learn's k-means (its default ``n_init`` for years, and about a hundred
     times faster on the CPU than scib-metrics' JAX k-means with the same starts), seeded by
     ``seed``.
