@@ -224,10 +224,9 @@ def kmeans_nmi_ari(
     18 CellBench latents (five sets, de novo and each set mapped, three seeds each) 12-23%
     of single starts ended over 5% above the lowest inertia (a cell line split in two and
     two others joined, where looked at), 0.04-0.06 off the total (BENCHMARKS.md, session
-    26). ``starts=N`` keeps the lowest-inertia clustering of
-    N starts, scikit-learn's k-means (its default ``n_init`` for years, and about a hundred
-    times faster on the CPU than scib-metrics' JAX k-means with the same starts), seeded by
-    ``seed``.
+    26). ``starts=N`` keeps the lowest-inertia clustering of N starts of scikit-learn's
+    k-means (its default ``n_init`` for years, and about a hundred times faster on the CPU
+    than scib-metrics' JAX k-means with the same starts), seeded by ``seed``.
     """
     if starts == 1:
         import scib_metrics
