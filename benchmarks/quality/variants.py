@@ -140,6 +140,35 @@ def table(work: Path) -> None:
         print(agg.sort_values("total", ascending=False).round(3).to_markdown())
 
 
+def record_run(work: Path, args: dict) -> None:
+    """Append what a results table must say of this run to ``--work``/runs.jsonl: the date,
+    the commit (and whether the tree had uncommitted changes), the machine and the call."""
+    import platform
+
+    import torch
+
+    def git(*cmd: str) -> str:
+        out = subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True)
+        return out.stdout.strip()
+
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+         if line.startswith("model name")),
+        platform.processor(),
+    ) if Path("/proc/cpuinfo").exists() else platform.processor()  # fmt: skip
+    row = {
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "machine": f"{cpu}, {os.cpu_count()} cores",
+        "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
+        "torch": torch.__version__,
+        **{k: v for k, v in args.items() if k in ("tasks", "seeds", "variant", "baselines")},
+    }
+    with open(work / "runs.jsonl", "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
@@ -157,6 +186,7 @@ def main() -> None:
         table(args.work)
         return
     prepare(args.tasks, args.shared, args.work)
+    record_run(args.work, vars(args))
     # Given alone, --baselines runs all of them.
     baselines = BASELINES if args.baselines == [] else args.baselines or []
     for task in args.tasks:
