@@ -30,7 +30,7 @@ import time
 def worker(args: argparse.Namespace) -> dict:
     import torch
 
-    from locusformer.attention import MultiHeadSelfAttention
+    from locusformer.model.attention import MultiHeadSelfAttention
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

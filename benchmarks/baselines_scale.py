@@ -3,7 +3,7 @@
 Writes ``--n`` samples x ``--loci`` loci (default 1,000,000 x 2,000) of float32 gaussian
 log-expression, ``--groups`` cell groups and ``--batches`` batches of unequal size, each
 batch with its own shift and scale per locus, as ``ordered.parquet`` (through
-``locusformer.parquet.matrix_parquet_writer``, one row block at a time: the parent never
+``locusformer.io.parquet.matrix_parquet_writer``, one row block at a time: the parent never
 holds the matrix) and ``samples.tsv``. Then it runs each method as the workflow's baseline
 rule does, ``python -m locusformer baseline --method M ...``, in a child process of its
 own, and prints its wall seconds and peak resident size (the child's ``ru_maxrss`` from
@@ -43,7 +43,7 @@ def write_inputs(args: argparse.Namespace) -> None:
     """ordered.parquet and samples.tsv, simulated and written one row block at a time."""
     import pandas as pd
 
-    from locusformer.parquet import matrix_parquet_writer
+    from locusformer.io.parquet import matrix_parquet_writer
 
     rng = np.random.default_rng(args.seed)
     share = rng.dirichlet(np.full(args.batches, 3.0))  # unequal batch sizes
@@ -72,10 +72,11 @@ def compare(args: argparse.Namespace) -> None:
     """Streamed against in-memory: PCA scores and Harmony embeddings (printed as JSON)."""
     import anndata as ad
 
-    from locusformer import baselines
-    from locusformer.pca import n_pcs, pca, pca_scaled_blocks
+    from locusformer.baselines import methods as baselines
+    from locusformer.pp.pca import n_pcs, pca, pca_scaled_blocks
+    from locusformer.steps.baseline import load_normalized
 
-    adata = baselines.load_normalized(
+    adata = load_normalized(
         args.dir / "ordered.parquet", args.dir / "samples.tsv", "batch", "label"
     )
     x = adata.X

@@ -41,17 +41,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from quality_probe import DATA, MODEL, TRAIN, probe
 
-import locusformer.train
-from locusformer.checkpoint import TrainedModel
-from locusformer.config import ModelConfig, TrainConfig
-from locusformer.correct import correct
-from locusformer.data import batch_prior
-from locusformer.layout import build_layout
-from locusformer.model import LocusFormer
-from locusformer.runtime import autocast
-from locusformer.schedule import loss_weights
-from locusformer.simulate import simulate
-from locusformer.train import train_corrector
+import locusformer.train.loop
+from locusformer.infer.correct import correct
+from locusformer.model.config import ModelConfig, TrainConfig
+from locusformer.model.files import TrainedModel
+from locusformer.model.layout import build_layout
+from locusformer.model.network import LocusFormer
+from locusformer.simulate.datasets import simulate
+from locusformer.train.data import batch_prior
+from locusformer.train.loop import train_corrector
+from locusformer.train.runtime import autocast
+from locusformer.train.schedule import loss_weights
 
 
 def _precision(name: str, dev: torch.device) -> contextlib.AbstractContextManager:
@@ -170,9 +170,9 @@ def eager_copy(model: TrainedModel) -> TrainedModel:
 
 
 def train_once(sim, dev: torch.device, compiled: bool, precision: str, seed: int = 0) -> dict:
-    saved = locusformer.train.autocast
+    saved = locusformer.train.loop.autocast
     if precision == "fp32":
-        locusformer.train.autocast = lambda device: contextlib.nullcontext()
+        locusformer.train.loop.autocast = lambda device: contextlib.nullcontext()
     try:
         t0 = time.perf_counter()
         model, history = train_corrector(
@@ -181,7 +181,7 @@ def train_once(sim, dev: torch.device, compiled: bool, precision: str, seed: int
         )  # fmt: skip
         seconds = time.perf_counter() - t0
     finally:
-        locusformer.train.autocast = saved
+        locusformer.train.loop.autocast = saved
     q = quality(model, sim, dev)
     row = {k: v for k, v in q.items() if k != "latent"}
     row["seconds"] = seconds

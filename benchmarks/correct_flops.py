@@ -26,9 +26,9 @@ import torch
 from scale import attention_flops_per_sample, flops_by_op, matmul_kernels, matmul_throughput
 
 import locusformer
-from locusformer import attention as model_module
-from locusformer.checkpoint import load_model
-from locusformer.correct import CHUNK_SIZE, iter_correct
+from locusformer.infer.correct import CHUNK_SIZE, iter_correct
+from locusformer.model import attention as model_module
+from locusformer.model.files import load_model
 
 
 def main() -> None:

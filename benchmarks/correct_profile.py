@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from scale import attention_flops_per_sample, flops_by_op
 from torch.profiler import ProfilerActivity, profile
 
-from locusformer import attention as model_module
-from locusformer.checkpoint import load_model
-from locusformer.correct import CHUNK_SIZE, iter_correct
+from locusformer.infer.correct import CHUNK_SIZE, iter_correct
+from locusformer.model import attention as model_module
+from locusformer.model.files import load_model
 
 SAMPLES = 640
 

@@ -30,8 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from quality_probe import DATA, MODEL, TRAIN, largest_weight_difference
 
-from locusformer.simulate import simulate
-from locusformer.train import train_corrector
+from locusformer.simulate.datasets import simulate
+from locusformer.train.loop import train_corrector
 
 
 def run(sim, mode: str, max_epochs: int) -> dict:

@@ -136,9 +136,9 @@ def fmt(value: float | None, spec: str) -> str:
 def _train_step(torch, model, optimizer, x, b, device) -> Callable[[], None]:
     """One training step as train.py takes it: the model's loss at the default weights
     at full ramp, backward, clipping, AdamW."""
-    from locusformer.config import TrainConfig
-    from locusformer.runtime import autocast
-    from locusformer.schedule import loss_weights
+    from locusformer.model.config import TrainConfig
+    from locusformer.train.runtime import autocast
+    from locusformer.train.schedule import loss_weights
 
     tc = TrainConfig()
     weights = loss_weights(tc, 1.0)
@@ -157,11 +157,11 @@ def _train_step(torch, model, optimizer, x, b, device) -> Callable[[], None]:
 
 
 def bench_training_steps(torch, device, args, peak: float | None) -> list[dict]:
-    from locusformer.config import ModelConfig, TrainConfig
-    from locusformer.layout import build_layout
-    from locusformer.model import LocusFormer
-    from locusformer.schedule import configure_optimizer
-    from locusformer.simulate import simulate
+    from locusformer.model.config import ModelConfig, TrainConfig
+    from locusformer.model.layout import build_layout
+    from locusformer.model.network import LocusFormer
+    from locusformer.simulate.datasets import simulate
+    from locusformer.train.schedule import configure_optimizer
 
     sim = simulate(n_samples=args.samples, n_loci=args.loci, n_batches=3, seed=0)
     tc = TrainConfig()
@@ -208,9 +208,9 @@ def bench_training_steps(torch, device, args, peak: float | None) -> list[dict]:
 
 
 def bench_train_corrector(torch, device, args) -> list[dict]:
-    from locusformer.config import ModelConfig, TrainConfig
-    from locusformer.simulate import simulate
-    from locusformer.train import train_corrector
+    from locusformer.model.config import ModelConfig, TrainConfig
+    from locusformer.simulate.datasets import simulate
+    from locusformer.train.loop import train_corrector
 
     sim = simulate(n_samples=args.samples, n_loci=args.loci, n_batches=3, seed=0)
     labels = [f"batch{b}" for b in sim.batch]
@@ -258,7 +258,7 @@ def attention_flops(batch: int, tokens: int, d_model: int) -> int:
 
 
 def bench_attention(torch, device, args, peak: float | None) -> list[dict]:
-    from locusformer.attention import MultiHeadSelfAttention
+    from locusformer.model.attention import MultiHeadSelfAttention
 
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     rows = []

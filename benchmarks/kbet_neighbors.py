@@ -1,7 +1,7 @@
 """kBET per label with the diffusion map's neighbours from pynndescent and found exactly.
 
 scib-metrics' ``kbet_per_label`` takes each label's neighbours in a diffusion-map embedding
-from pynndescent; ``locusformer.neighbors.exact_diffusion_neighbors`` finds them exactly
+from pynndescent; ``locusformer.scoring.neighbors.exact_diffusion_neighbors`` finds them exactly
 below 20,000 samples, as every other graph the workflow scores. This script scores kBET
 both ways on the same representation and prints each label's values side by side, with
 the time of each call (the first pynndescent call pays numba's compilation).
@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "quality"))
 def compare(name: str, result, uncorrected, batch_key: str, label_key: str, seed: int) -> list:
     import scib_metrics
 
-    from locusformer.metrics import scoring_representation
-    from locusformer.neighbors import (
+    from locusformer.scoring.metrics import scoring_representation
+    from locusformer.scoring.neighbors import (
         compute_neighbors,
         exact_diffusion_neighbors,
         neighbor_sizes,
@@ -68,7 +68,7 @@ def compare(name: str, result, uncorrected, batch_key: str, label_key: str, seed
 
 
 def demo(results: Path, batch_key: str, label_key: str, seed: int) -> list:
-    from locusformer.result_rows import read_result
+    from locusformer.scoring.result_rows import read_result
 
     uncorrected = read_result(results / "uncorrected.h5ad")
     rows = []
@@ -81,11 +81,11 @@ def tasks(names: list[str], shared: Path, work: Path, seed: int) -> list:
     import anndata as ad
     from variants import prepare
 
-    from locusformer.baselines import run_method
-    from locusformer.correct import correct
-    from locusformer.parquet import read_matrix_parquet
-    from locusformer.results import make_result
-    from locusformer.train import train_corrector
+    from locusformer.baselines.methods import run_method
+    from locusformer.infer.correct import correct
+    from locusformer.io.parquet import read_matrix_parquet
+    from locusformer.io.results import make_result
+    from locusformer.train.loop import train_corrector
 
     prepare(names, shared, work)
     rows = []

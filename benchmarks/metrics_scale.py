@@ -1,6 +1,6 @@
 """Wall time and peak memory of the metrics and report steps at atlas scale (issue 15).
 
-Simulates ``--n`` samples x ``--loci`` loci with cell groups (``locusformer.simulate``'s
+Simulates ``--n`` samples x ``--loci`` loci with cell groups (``locusformer.simulate.datasets``'s
 model), writes the uncorrected and ComBat results as the workflow does
 (``baselines.run_method``, ``results.write_result``), then runs the workflow's steps as
 the rules do, each in a child process of its own: ``locusformer metrics`` (both methods,
@@ -32,8 +32,8 @@ def setup(args: argparse.Namespace) -> None:
 
     from subsample_agreement import simulated_adata
 
-    from locusformer.baselines import run_method
-    from locusformer.results import write_result
+    from locusformer.baselines.methods import run_method
+    from locusformer.io.results import write_result
 
     adata = simulated_adata(args.n, args.loci, args.batches, args.groups, args.seed)
     args.dir.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """Write and read time and size of one matrix row group under parquet encoding options.
 
 The workflow's matrices are float32 samples x genes tables written row group by row group
-(``locusformer.parquet.matrix_parquet_writer``). This times one row group of the size it writes
+(``locusformer.io.parquet.matrix_parquet_writer``). This times one row group of the size it writes
 (``parquet.ROW_GROUP_BYTES``: 16,777 rows of 2000 genes) for three kinds of values: dense
 (model outputs such as the corrected matrix) and log-normalized counts at about 70% and 96%
 zeros (the normalized and ordered matrices), with arrow's default dictionary settings,
@@ -26,7 +26,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from locusformer.parquet import DICTIONARY_PAGE_BYTES, ROW_GROUP_BYTES, _column_encoding
+from locusformer.io.parquet import DICTIONARY_PAGE_BYTES, ROW_GROUP_BYTES, _column_encoding
 
 N_GENES = 2000
 #: Writer options for each encoding, from the values (rows x genes) and their gene columns.

@@ -149,7 +149,7 @@ def model_for(out: Path, n: int, work: Path, train_max: int, epochs: int) -> Non
     if n <= train_max:
         record(out, step="train", n=n, **train(out, n, work, epochs))
         return
-    from locusformer.parquet import iter_matrix_parquet, write_matrix_parquet
+    from locusformer.io.parquet import iter_matrix_parquet, write_matrix_parquet
 
     rows = next(iter_matrix_parquet(work / "ordered.parquet", rows=SUBSET_FOR_MODEL))
     subset = work / "subset.parquet"
@@ -178,9 +178,9 @@ def forward_flops(work: Path, chunk_size: int, threads: int) -> dict:
     """
     import torch
 
-    from locusformer import attention as model_module
-    from locusformer.checkpoint import load_model
-    from locusformer.correct import iter_correct
+    from locusformer.infer.correct import iter_correct
+    from locusformer.model import attention as model_module
+    from locusformer.model.files import load_model
 
     torch.set_num_threads(threads)
     model = load_model(work / "model.pt", work / "model.json")
@@ -266,8 +266,8 @@ def flops_by_op(model: Any, X: np.ndarray, labels: list, chunk_size: int) -> dic
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    from locusformer import attention as model_module
-    from locusformer.correct import iter_correct
+    from locusformer.infer.correct import iter_correct
+    from locusformer.model import attention as model_module
 
     # getattr: an older checkout, measured alike, has no such switch.
     onednn, model_module.ONEDNN = getattr(model_module, "ONEDNN", False), False
@@ -288,7 +288,7 @@ def attention_flops_per_sample(model: Any) -> int:
 SCVI_EPOCHS = """
 import sys, time, numpy as np, pandas as pd, anndata as ad, scvi
 from lightning.pytorch.callbacks import Callback
-from locusformer.parquet import read_matrix_parquet
+from locusformer.io.parquet import read_matrix_parquet
 counts = read_matrix_parquet(sys.argv[1], "count matrix")
 batches = pd.read_csv(sys.argv[2], sep="\\t", dtype=str).set_index("sample_id")["batch"]
 work = ad.AnnData(X=counts.to_numpy(np.float32), obs=pd.DataFrame(
@@ -478,7 +478,7 @@ def summarize(out: Path) -> str:
 
 
 def main() -> None:
-    from locusformer.correct import CHUNK_SIZE  # the workflow's default
+    from locusformer.infer.correct import CHUNK_SIZE  # the workflow's default
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000, 1000000])

@@ -23,12 +23,12 @@ import anndata as ad  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from locusformer import subsample  # noqa: E402
-from locusformer.correct import correct  # noqa: E402
-from locusformer.metrics import score_method  # noqa: E402
-from locusformer.parquet import read_matrix_parquet  # noqa: E402
-from locusformer.results import make_result  # noqa: E402
-from locusformer.train import train_corrector  # noqa: E402
+from locusformer.infer.correct import correct  # noqa: E402
+from locusformer.io.parquet import read_matrix_parquet  # noqa: E402
+from locusformer.io.results import make_result  # noqa: E402
+from locusformer.scoring import subsample  # noqa: E402
+from locusformer.scoring.metrics import score_method  # noqa: E402
+from locusformer.train.loop import train_corrector  # noqa: E402
 
 BATCH, LABEL = "batch", "group"
 results = work / "results" / "sim"

@@ -20,16 +20,16 @@ from pathlib import Path
 import anndata as ad
 import pandas as pd
 
-from locusformer.baselines import run_method
-from locusformer.metrics import score_method
-from locusformer.simulate import simulate
-from locusformer.subsample import scoring_subsample
+from locusformer.baselines.methods import run_method
+from locusformer.scoring.metrics import score_method
+from locusformer.scoring.subsample import scoring_subsample
+from locusformer.simulate.datasets import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def simulated_adata(n: int, loci: int, batches: int, groups: int, seed: int) -> ad.AnnData:
-    """``locusformer.simulate``'s samples as the normalized AnnData the baselines take:
+    """``locusformer.simulate.datasets``'s samples as the normalized AnnData the baselines take:
     obs ``batch`` and ``label`` (the cell group), var names the gene ids."""
     sim = simulate(n_samples=n, n_loci=loci, n_batches=batches, n_groups=groups, seed=seed)
     obs = pd.DataFrame(

@@ -17,10 +17,10 @@ import statistics
 
 import torch
 
-from locusformer.config import ModelConfig
-from locusformer.runtime import resolve_device
-from locusformer.simulate import simulate
-from locusformer.train import TrainConfig, train_corrector
+from locusformer.model.config import ModelConfig
+from locusformer.simulate.datasets import simulate
+from locusformer.train.loop import TrainConfig, train_corrector
+from locusformer.train.runtime import resolve_device
 
 
 def main() -> None:

@@ -7,13 +7,13 @@ import pandas as pd
 import pytest
 import torch
 
-from locusformer.alignment import (
+from locusformer.errors import InputError
+from locusformer.train.alignment import (
     covariate_levels,
     level_batches,
     shared_batches,
     target_prior,
 )
-from locusformer.errors import InputError
 
 
 def three_types(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -47,7 +47,7 @@ def test_a_single_batch_holds_only_itself() -> None:
 
 
 def test_subsampled_search_gives_the_answer_of_the_full_search(monkeypatch) -> None:
-    import locusformer.alignment as alignment
+    import locusformer.train.alignment as alignment
 
     X, batch, kind = three_types()
     monkeypatch.setattr(alignment, "MNN_MAX_PER_BATCH", 100)
@@ -98,10 +98,10 @@ def test_covariate_levels_refuse_a_missing_column_or_an_empty_value() -> None:
 
 
 def test_training_with_targets_runs_and_records_them_in_the_fingerprint() -> None:
-    from locusformer.checkpoint import fingerprint
-    from locusformer.config import ModelConfig, TrainConfig
-    from locusformer.simulate import simulate
-    from locusformer.train import train_corrector
+    from locusformer.model.config import ModelConfig, TrainConfig
+    from locusformer.simulate.datasets import simulate
+    from locusformer.train.checkpoint import fingerprint
+    from locusformer.train.loop import train_corrector
 
     sim = simulate(n_samples=60, n_loci=40, n_batches=2, seed=1)
     labels = [f"b{b}" for b in sim.batch]
@@ -118,7 +118,7 @@ def test_training_with_targets_runs_and_records_them_in_the_fingerprint() -> Non
 
 
 def test_confusion_against_a_per_sample_target_ignores_batches_that_lack_the_biology() -> None:
-    from locusformer.losses import confusion_loss
+    from locusformer.model.losses import confusion_loss
 
     logits = torch.tensor([[2.0, -1.0, 0.5], [0.0, 1.0, 3.0]], requires_grad=True)
     prior = torch.tensor([0.5, 0.3, 0.2])
@@ -140,7 +140,7 @@ def test_confusion_against_a_per_sample_target_ignores_batches_that_lack_the_bio
 
 
 def test_level_batch_share_is_the_batch_share_of_variance_within_protected_levels() -> None:
-    from locusformer.losses import level_batch_share
+    from locusformer.model.losses import level_batch_share
 
     g = torch.Generator().manual_seed(0)
     batch = torch.arange(48) % 2
@@ -174,9 +174,9 @@ def test_level_batch_share_is_the_batch_share_of_variance_within_protected_level
 def test_protected_training_lowers_the_batch_share_within_levels() -> None:
     """The level term (on by default when a covariate is protected) does what it says:
     the trained latent's batch share within the levels is below the same run without it."""
-    from locusformer.losses import level_batch_share
-    from locusformer.simulate import simulate
-    from locusformer.train import train_corrector
+    from locusformer.model.losses import level_batch_share
+    from locusformer.simulate.datasets import simulate
+    from locusformer.train.loop import train_corrector
 
     sim = simulate(n_samples=96, n_loci=40, n_batches=2, n_groups=3, seed=4)
     labels = [f"b{b}" for b in sim.batch]

@@ -13,7 +13,7 @@ import torch
 import locusformer as lf
 from locusformer.api import Model
 from locusformer.errors import InputError
-from locusformer.simulate import simulate
+from locusformer.simulate.datasets import simulate
 
 MODEL = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=6, decoder_hidden=32)
 TRAIN = dict(max_epochs=3, batch_size=16, adversary_rampup_epochs=1)
@@ -68,7 +68,7 @@ def fitted() -> Iterator[tuple[Model, ad.AnnData]]:
 
 
 def _library_correct(model, adata: ad.AnnData, reference: str) -> tuple[np.ndarray, np.ndarray]:
-    from locusformer.correct import correct
+    from locusformer.infer.correct import correct
 
     X = adata[:, model.gene_ids].X
     return correct(model, X, adata.obs["batch"].tolist(), reference=reference, device="cpu")
@@ -136,7 +136,7 @@ def test_save_and_load_as_methods(fitted, tmp_path) -> None:
 
 
 def test_the_batch_column_cannot_be_protected(tmp_path) -> None:
-    from locusformer.steps import run_train
+    from locusformer.steps.train import run_train
 
     sim = simulate(n_samples=12, n_loci=8, n_batches=2, seed=0)
     var = sim.loci.set_index("gene_id")[["chrom", "start"]]

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from locusformer.atomic import atomic_path, write_text
+from locusformer.io.atomic import atomic_path, write_text
 
 
 def test_output_appears_only_on_success(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from locusformer.attention import MultiHeadSelfAttention, stable_softmax
+from locusformer.model.attention import MultiHeadSelfAttention, stable_softmax
 
 D, H, B, T = 16, 4, 3, 7
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from locusformer.attention import (
+from locusformer.model.attention import (
     MultiHeadCrossAttention,
     MultiHeadSelfAttention,
     causal_mask,

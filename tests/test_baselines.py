@@ -11,13 +11,14 @@ import pandas as pd
 import pytest
 from conftest import synthetic_groups
 
-from locusformer import baselines
-from locusformer.baselines import load_normalized, run_baseline, run_method
-from locusformer.cli import main
-from locusformer.cli_parser import build_parser
+from locusformer.baselines import methods as baselines
+from locusformer.baselines.methods import run_method
+from locusformer.cli.main import main
+from locusformer.cli.parser import build_parser
 from locusformer.errors import InputError
-from locusformer.pca import pca
-from locusformer.results import make_result, write_result
+from locusformer.io.results import make_result, write_result
+from locusformer.pp.pca import pca
+from locusformer.steps.baseline import load_normalized, run_baseline
 
 
 def synthetic(**kwargs) -> ad.AnnData:

@@ -11,11 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from locusformer import baselines, combat
-from locusformer.baselines import run_baseline, run_method
+from locusformer.baselines import combat
+from locusformer.baselines import methods as baselines
+from locusformer.baselines.methods import run_method
 from locusformer.errors import InputError
-from locusformer.pca import n_pcs, pca, pca_scaled_blocks
-from locusformer.simulate import simulate
+from locusformer.pp.pca import n_pcs, pca, pca_scaled_blocks
+from locusformer.simulate.datasets import simulate
+from locusformer.steps.baseline import run_baseline
 
 METHODS = ["uncorrected", "combat", "harmony"]
 

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from conftest import ROOT
 
-from locusformer.cli import main
+from locusformer.cli.main import main
 
 
 def _normalize(tmp_path, matrix_path, sheet_path, *extra, batch_key="batch"):
@@ -166,8 +166,8 @@ def test_several_batch_columns_refuse_bad_input(
 
 
 def test_a_column_of_a_combined_batch_cannot_be_protected():
-    from locusformer.batches import refuse_protected_batch
     from locusformer.errors import InputError
+    from locusformer.pp.batches import refuse_protected_batch
 
     refuse_protected_batch(["cell_line"], "protocol+plate")
     with pytest.raises(InputError, match="'plate' is the batch column"):

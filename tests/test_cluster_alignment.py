@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from locusformer.alignment import CLUSTER_SIGMA, latent_clusters
-from locusformer.losses import (
+from locusformer.model.losses import (
     Clusters,
     batch_mean_distance,
     cluster_batch_mean_distance,
     cluster_cover,
     cluster_responsibilities,
 )
+from locusformer.train.alignment import CLUSTER_SIGMA, latent_clusters
 
 
 def two_types(share_b: float, shift: float, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -225,8 +225,8 @@ def test_clusters_are_a_function_of_the_seed(three_groups) -> None:
 
 
 def test_training_with_clusters_resumes_where_it_stopped(tmp_path) -> None:
-    from locusformer.simulate import simulate
-    from locusformer.train import train_corrector
+    from locusformer.simulate.datasets import simulate
+    from locusformer.train.loop import train_corrector
 
     sim = simulate(n_samples=80, n_loci=40, n_batches=2, n_groups=2, seed=1)
     labels = [f"b{b}" for b in sim.batch]
@@ -265,7 +265,7 @@ def test_training_with_clusters_resumes_where_it_stopped(tmp_path) -> None:
 
 def _trained_with_cover(X, labels, loci, cover: bool, monkeypatch) -> tuple[dict, list]:
     """Weights after 4 epochs with ``batch_mean_cover`` as given, and each epoch's gates."""
-    import locusformer.train as train
+    import locusformer.train.loop as train
 
     gates = []
 
@@ -288,7 +288,7 @@ def _trained_with_cover(X, labels, loci, cover: bool, monkeypatch) -> tuple[dict
 
 
 def test_training_with_cover_is_training_without_it_where_every_gate_is_open(monkeypatch):
-    from locusformer.simulate import simulate
+    from locusformer.simulate.datasets import simulate
 
     sim = simulate(n_samples=120, n_loci=40, n_batches=2, n_groups=3, batch_shift=0.0,
                    batch_scale=0.0, seed=2)  # fmt: skip
@@ -301,7 +301,7 @@ def test_training_with_cover_is_training_without_it_where_every_gate_is_open(mon
 
 
 def test_training_with_cover_acts_where_a_group_is_one_batch_s_alone(monkeypatch):
-    from locusformer.simulate import simulate
+    from locusformer.simulate.datasets import simulate
 
     sim = simulate(n_samples=160, n_loci=40, n_batches=2, n_groups=3, seed=2)
     keep = ~((sim.group == 2) & (sim.batch == 1))  # group 2: batch 0 alone

@@ -1,4 +1,5 @@
-"""ComBat streamed over gene blocks (locusformer.combat) against scanpy.pp.combat (issue 15)."""
+"""ComBat streamed over gene blocks (locusformer.baselines.combat) against scanpy.pp.combat
+(issue 15)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from locusformer import baselines
-from locusformer.baselines import run_method
-from locusformer.combat import NonFiniteError, combat, eb_estimates, gene_summaries
+from locusformer.baselines import methods as baselines
+from locusformer.baselines.combat import NonFiniteError, combat, eb_estimates, gene_summaries
+from locusformer.baselines.methods import run_method
 
 BLOCKS = [1, 7, 10_000]  # one gene, a block that does not divide the genes, all at once
 

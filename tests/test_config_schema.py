@@ -16,8 +16,8 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from locusformer.config import ModelConfig, TrainConfig, choices
 from locusformer.errors import InputError
+from locusformer.model.config import ModelConfig, TrainConfig, choices
 
 SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
 SECTIONS = {"model": ModelConfig, "training": TrainConfig}

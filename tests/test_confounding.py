@@ -11,9 +11,12 @@ import pandas as pd
 import pytest
 from scipy.stats.contingency import association
 
-from locusformer import confounding, report, report_sections
-from locusformer.cli import main
+from locusformer.cli.main import main
 from locusformer.errors import InputError
+from locusformer.report import render as report
+from locusformer.report import sections as report_sections
+from locusformer.scoring import confounding
+from locusformer.steps.confounding import run_confounding
 
 # --------------------------------------------------------------------------- statistics
 
@@ -158,9 +161,7 @@ def test_cli_writes_the_check_as_json(tmp_path: Path) -> None:
     assert check["pca"]["n_pcs"] == 19 and check["pca"]["weighted_r2"] > 0.5
     assert check["label_key"] == "cell_type" and check == confounding.read_confounding(out)
     # a subsample for the PCA keeps every sample for the label statistics
-    small = confounding.run_confounding(
-        matrix, samples, "batch", None, tmp_path / "c2.json", max_samples=20
-    )
+    small = run_confounding(matrix, samples, "batch", None, tmp_path / "c2.json", max_samples=20)
     assert small["pca"]["n_samples_used"] == 20 and small["n_samples"] == 60
     assert small["level"] == "unknown"
 
@@ -265,7 +266,7 @@ def test_verdict_never_crowns_a_correction_below_uncorrected() -> None:
 
 
 def test_summary_page_does_not_crown_a_method_below_uncorrected(tmp_path: Path) -> None:
-    from locusformer.metrics import summarize
+    from locusformer.steps.summarize import summarize
 
     low = write_metrics(tmp_path / "low.tsv", {"uncorrected": 0.70, "combat": 0.65})
     high = write_metrics(tmp_path / "high.tsv", {"uncorrected": 0.50, "harmony": 0.60})

@@ -11,11 +11,13 @@ import pytest
 import torch
 from quality_probe import DATA, MODEL, TRAIN, probe
 
-from locusformer.correct import attention_map, correct, iter_correct, run_attention, run_correct
 from locusformer.errors import InputError
-from locusformer.simulate import simulate
-from locusformer.steps import run_train
-from locusformer.train import TrainConfig, train_corrector
+from locusformer.infer.correct import attention_map, correct, iter_correct
+from locusformer.simulate.datasets import simulate
+from locusformer.steps.attention import run_attention
+from locusformer.steps.correct import run_correct
+from locusformer.steps.train import run_train
+from locusformer.train.loop import TrainConfig, train_corrector
 
 NOISE = 0.5  # simulate()'s default noise standard deviation
 
@@ -292,8 +294,8 @@ def test_the_chunk_size_default_is_the_same_everywhere():
     import yaml
     from conftest import ROOT
 
-    from locusformer.cli_parser import build_parser
-    from locusformer.correct import CHUNK_SIZE
+    from locusformer.cli.parser import build_parser
+    from locusformer.infer.correct import CHUNK_SIZE
 
     required = "--matrix m --samples s --batch-key b --weights w --config c".split()
     required += "--out-corrected o --out-latent l --out-h5ad h".split()

@@ -21,18 +21,18 @@ import torch
 from quality_probe import DATA, MODEL, TRAIN, largest_weight_difference, probe
 from torch import nn
 
-from locusformer.attention import MultiHeadSelfAttention
-from locusformer.checkpoint import load_model, save_model
-from locusformer.config import ModelConfig, TrainConfig
-from locusformer.correct import correct
-from locusformer.data import batch_prior
-from locusformer.layout import build_layout
-from locusformer.mapping import map_query
-from locusformer.model import LocusFormer
-from locusformer.schedule import loss_weights
-from locusformer.simulate import simulate
-from locusformer.trace import trace
-from locusformer.train import train_corrector
+from locusformer.infer.correct import correct
+from locusformer.infer.mapping import map_query
+from locusformer.infer.trace import trace
+from locusformer.model.attention import MultiHeadSelfAttention
+from locusformer.model.config import ModelConfig, TrainConfig
+from locusformer.model.files import load_model, save_model
+from locusformer.model.layout import build_layout
+from locusformer.model.network import LocusFormer
+from locusformer.simulate.datasets import simulate
+from locusformer.train.data import batch_prior
+from locusformer.train.loop import train_corrector
+from locusformer.train.schedule import loss_weights
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

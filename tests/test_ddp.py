@@ -19,10 +19,11 @@ import pytest
 import torch
 
 from locusformer.errors import InputError
-from locusformer.parquet import write_matrix_parquet
-from locusformer.simulate import simulate
-from locusformer.tables import write_frame_parquet
-from locusformer.train import TrainConfig, load_model, train_corrector
+from locusformer.io.parquet import write_matrix_parquet
+from locusformer.io.tables import write_frame_parquet
+from locusformer.model.files import load_model
+from locusformer.simulate.datasets import simulate
+from locusformer.train.loop import TrainConfig, train_corrector
 
 MODEL = {
     "patch_size": 4,
@@ -156,12 +157,12 @@ def test_several_devices_without_a_launcher_are_refused():
 
 
 def test_devices_is_validated_and_left_out_of_the_fingerprint():
-    from locusformer.train import fingerprint
+    from locusformer.train.loop import fingerprint
 
     with pytest.raises(InputError, match="devices"):
         TrainConfig.from_dict({"devices": 0})
     sim = simulate(n_samples=20, n_loci=16, n_batches=2, seed=0)
-    from locusformer.config import ModelConfig
+    from locusformer.model.config import ModelConfig
 
     args = (sim.X, ["a"] * 10 + ["b"] * 10, sim.loci, ModelConfig())
     one = fingerprint(*args, TrainConfig(), 0)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from locusformer.config import ModelConfig
-from locusformer.diagram import DEMO_TOKENS, attention_svg, main, readme_svg
+from locusformer.model.config import ModelConfig
+from locusformer.report.diagram import DEMO_TOKENS, attention_svg, main, readme_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "attention.svg"
@@ -99,7 +99,7 @@ def test_without_a_token_count_the_diagram_says_T() -> None:
 
 
 def test_the_committed_readme_diagram_is_what_the_code_draws(tmp_path: Path) -> None:
-    # If this fails: python -m locusformer.diagram docs/attention.svg
+    # If this fails: python -m locusformer.report.diagram docs/attention.svg
     assert DOC.read_text(encoding="utf-8") == readme_svg()
     assert shapes_on_arrows(readme_svg().split("\n", 1)[1])["weights"] == (
         f"(B, 4, {DEMO_TOKENS}, {DEMO_TOKENS})"

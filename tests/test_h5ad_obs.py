@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from scipy import sparse
 
-from locusformer.cli import main
+from locusformer.cli.main import main
 from locusformer.errors import InputError
-from locusformer.io import read_obs, read_samples
+from locusformer.io.expression import read_obs, read_samples
 
 
 @pytest.fixture
@@ -119,8 +119,8 @@ def test_the_sheet_wins_for_a_column_that_only_it_has(tmp_path, h5ad_dataset):
     adata.obs = adata.obs.drop(columns=["batch"])  # the batch is in the sheet only
     adata.write_h5ad(h5ad_dataset["h5ad_path"])
     with pytest.raises(InputError, match=r"counts.h5ad obs: batch_key column 'batch' not found"):
-        from locusformer.io import open_expression
-        from locusformer.preprocess import sample_table
+        from locusformer.io.expression import open_expression
+        from locusformer.pp.normalize import sample_table
 
         table, source = read_samples(h5ad_dataset["h5ad_path"])
         with open_expression(h5ad_dataset["h5ad_path"]) as rows:

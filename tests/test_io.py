@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from scipy import sparse
 
-from locusformer.annotation import read_annotation
 from locusformer.errors import InputError
-from locusformer.io import read_expression, read_sample_sheet
+from locusformer.io.annotation import read_annotation
+from locusformer.io.expression import read_expression, read_sample_sheet
 
 GENES = pd.Index(["ENSG1", "ENSG2", "ENSG3"], name="gene_id")
 SAMPLES = ["a", "b"]

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from locusformer.errors import InputError
-from locusformer.loci import normalize_chrom, normalize_gene_id, order_loci, shuffle_loci
+from locusformer.pp.loci import normalize_chrom, normalize_gene_id, order_loci, shuffle_loci
 
 
 @pytest.mark.parametrize(

@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 import torch
 
-from locusformer.correct import correct
 from locusformer.errors import InputError
-from locusformer.mapping import MIN_SHARED_LOCI, align_genes, map_query
-from locusformer.simulate import simulate
-from locusformer.train import train_corrector
+from locusformer.infer.correct import correct
+from locusformer.infer.mapping import MIN_SHARED_LOCI, align_genes, map_query
+from locusformer.simulate.datasets import simulate
+from locusformer.train.loop import train_corrector
 
 MODEL = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=6, decoder_hidden=32)
 TRAIN = dict(max_epochs=6, batch_size=16, adversary_rampup_epochs=2)
@@ -116,9 +116,9 @@ def test_map_command_writes_outputs_and_a_report_and_refuses_bad_input(trained, 
 
     import anndata as ad
 
-    from locusformer.checkpoint import save_model
-    from locusformer.cli import main
-    from locusformer.parquet import read_matrix_parquet
+    from locusformer.cli.main import main
+    from locusformer.io.parquet import read_matrix_parquet
+    from locusformer.model.files import save_model
 
     sim, labels, model = trained
     model.record.normalization = {"value_type": "log_expression", "target_sum": 1e4}
@@ -162,8 +162,8 @@ def test_an_h5ad_query_maps_without_a_sheet_its_obs_giving_the_batches(trained, 
 
     import anndata as ad
 
-    from locusformer.checkpoint import save_model
-    from locusformer.cli import main
+    from locusformer.cli.main import main
+    from locusformer.model.files import save_model
 
     sim, labels, model = trained
     model.record.normalization = {"value_type": "log_expression", "target_sum": 1e4}
@@ -189,8 +189,8 @@ def test_an_h5ad_query_maps_without_a_sheet_its_obs_giving_the_batches(trained, 
 def test_a_query_of_one_new_run_maps(trained, tmp_path):
     import json
 
-    from locusformer.checkpoint import save_model
-    from locusformer.cli import main
+    from locusformer.cli.main import main
+    from locusformer.model.files import save_model
 
     sim, labels, model = trained
     model.record.normalization = {"value_type": "log_expression", "target_sum": 1e4}
@@ -214,8 +214,8 @@ def test_a_query_of_one_new_run_maps(trained, tmp_path):
 def test_new_batches_run_under_the_autocast_that_correct_uses(trained, monkeypatch):
     """On CUDA ``correct`` runs in bf16 autocast; new batches' adaptation and decoding run
     under the same context (they ran in fp32 until the first GPU run showed it)."""
-    import locusformer.correct
-    import locusformer.mapping
+    import locusformer.infer.correct
+    import locusformer.infer.mapping
 
     entered = {"correct": 0, "mapping": 0}
 
@@ -226,8 +226,8 @@ def test_new_batches_run_under_the_autocast_that_correct_uses(trained, monkeypat
 
         return amp
 
-    monkeypatch.setattr(locusformer.correct, "autocast", recording("correct"))
-    monkeypatch.setattr(locusformer.mapping, "autocast", recording("mapping"))
+    monkeypatch.setattr(locusformer.infer.correct, "autocast", recording("correct"))
+    monkeypatch.setattr(locusformer.infer.mapping, "autocast", recording("mapping"))
     sim, labels, model = trained
     result = map_query(
         model, sim.X, labels, adapt_epochs=3, batch_size=16, chunk_size=25, seed=0, device="cpu"

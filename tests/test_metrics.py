@@ -15,13 +15,20 @@ from conftest import synthetic_groups
 from sklearn.decomposition import PCA
 from sklearn.neighbors import NearestNeighbors
 
-from locusformer import metrics, neighbors
-from locusformer.baselines import failed_result, run_method
-from locusformer.cli import main
+from locusformer.baselines.methods import failed_result, run_method
+from locusformer.cli.main import main
 from locusformer.errors import InputError
-from locusformer.metrics import score_method, scoring_representation
-from locusformer.neighbors import compute_neighbors, neighbor_sizes, within_batch_knn_jaccard
-from locusformer.results import make_result, write_result
+from locusformer.io.results import make_result, write_result
+from locusformer.scoring import metrics, neighbors
+from locusformer.scoring.metrics import score_method, scoring_representation
+from locusformer.scoring.neighbors import (
+    compute_neighbors,
+    neighbor_sizes,
+    within_batch_knn_jaccard,
+)
+from locusformer.steps import metrics as steps_metrics
+from locusformer.steps.aggregate import aggregate_metrics
+from locusformer.steps.summarize import summarize
 
 BIO = ["Isolated labels", "KMeans NMI", "KMeans ARI", "Silhouette label", "cLISI"]
 SIL = "BRAS" if hasattr(scib_metrics, "bras") else "Silhouette batch"
@@ -162,7 +169,7 @@ _FUZZY_SET = """
 import json, sys
 import numpy as np, scipy.sparse as sp
 import umap.umap_ as umap_
-from locusformer.neighbors import UMAP_UNCACHED_JIT, cache_umap_compilation
+from locusformer.scoring.neighbors import UMAP_UNCACHED_JIT, cache_umap_compilation
 
 cache_umap_compilation()
 rng = np.random.default_rng(0)
@@ -420,11 +427,13 @@ def test_files_aggregate_and_summary(tmp_path: Path, data) -> None:
     tsvs = []
     for method, path in paths.items():
         out = tmp_path / "metrics" / f"{method}.tsv"
-        df = metrics.run_metrics(path, paths["uncorrected"], "batch", "cell_type", out, method)
+        df = steps_metrics.run_metrics(
+            path, paths["uncorrected"], "batch", "cell_type", out, method
+        )
         back = metrics.read_metrics(out)
         pd.testing.assert_frame_equal(back, df, check_dtype=False)
         tsvs.append(out)
-    agg = metrics.aggregate_metrics(tsvs, tmp_path / "metrics.tsv")
+    agg = aggregate_metrics(tsvs, tmp_path / "metrics.tsv")
     assert list(dict.fromkeys(agg["method"])) == list(paths)
     assert len(agg) == 4 * len(BIO + BATCH + AGG)
 
@@ -436,7 +445,7 @@ def test_files_aggregate_and_summary(tmp_path: Path, data) -> None:
         ],
         ("ds", "normalize"): write_bench(tmp_path / "norm.bench", 1.0, 100.0),
     }
-    summary = metrics.summarize({"ds": tmp_path / "metrics.tsv"}, bench, tmp_path / "summary.tsv")
+    summary = summarize({"ds": tmp_path / "metrics.tsv"}, bench, tmp_path / "summary.tsv")
     assert list(summary.columns) == metrics.SUMMARY_COLUMNS
     on_disk = pd.read_csv(tmp_path / "summary.tsv", sep="\t")
     assert len(on_disk) == 4 and set(on_disk["method"]) == set(paths)
@@ -460,12 +469,12 @@ def test_unreadable_files_are_input_errors(tmp_path: Path, data) -> None:
     good = tmp_path / "u.h5ad"
     write_result(data["uncorrected"], good)
     with pytest.raises(InputError, match="cannot read integration result"):
-        metrics.run_metrics(bad, good, "batch", None, tmp_path / "m.tsv", "x")
+        steps_metrics.run_metrics(bad, good, "batch", None, tmp_path / "m.tsv", "x")
     with pytest.raises(InputError, match="no batch column 'donor'"):
-        metrics.run_metrics(good, good, "donor", None, tmp_path / "m.tsv", "x")
+        steps_metrics.run_metrics(good, good, "donor", None, tmp_path / "m.tsv", "x")
     (tmp_path / "t.tsv").write_text("a\tb\n1\t2\n")
     with pytest.raises(InputError, match="missing column"):
-        metrics.aggregate_metrics([tmp_path / "t.tsv"], tmp_path / "agg.tsv")
+        aggregate_metrics([tmp_path / "t.tsv"], tmp_path / "agg.tsv")
     assert not (tmp_path / "m.tsv").exists() and not (tmp_path / "agg.tsv").exists()
 
 
@@ -483,7 +492,9 @@ def test_a_dataset_scored_in_one_process_scores_each_method_as_alone(tmp_path, d
     assert main(argv) == 0
     for m, path in paths.items():
         alone = tmp_path / "alone" / f"{m}.tsv"
-        metrics.run_metrics(path, paths["uncorrected"], "batch", "cell_type", alone, m, seed=0)
+        steps_metrics.run_metrics(
+            path, paths["uncorrected"], "batch", "cell_type", alone, m, seed=0
+        )
         assert together[m].read_text() == alone.read_text(), m
     assert metrics.read_metrics(together["combat"])["value"].notna().all()
 

@@ -10,15 +10,15 @@ import pytest
 import yaml
 from conftest import ROOT, synthetic_groups
 
-from locusformer import metrics
-from locusformer.baselines import run_method
-from locusformer.cli import main
-from locusformer.cli_parser import build_parser
+from locusformer.baselines.methods import run_method
+from locusformer.cli.main import main
+from locusformer.cli.parser import build_parser
 from locusformer.errors import InputError
-from locusformer.report import render_dataset_report
-from locusformer.report_sections import metrics_section, subsample_sentence
-from locusformer.results import write_result
-from locusformer.subsample import (
+from locusformer.io.results import write_result
+from locusformer.report.render import render_dataset_report
+from locusformer.report.sections import metrics_section, subsample_sentence
+from locusformer.scoring import metrics
+from locusformer.scoring.subsample import (
     DEFAULT_MAX_SAMPLES,
     SUBSAMPLE_METRICS,
     allocate,
@@ -26,6 +26,7 @@ from locusformer.subsample import (
     scoring_subsample,
     with_subsample_rows,
 )
+from locusformer.steps import metrics as steps_metrics
 
 
 def uneven_obs() -> pd.DataFrame:
@@ -117,7 +118,7 @@ def files(tmp_path_factory) -> dict:
 def test_every_method_is_scored_on_the_same_rows(files) -> None:
     paths, results = files["paths"], files["results"]
     outs = {m: files["dir"] / "sub" / f"{m}.tsv" for m in paths}
-    metrics.run_dataset_metrics(
+    steps_metrics.run_dataset_metrics(
         paths, paths["uncorrected"], "batch", "cell_type", outs, seed=3, max_samples=60
     )
     unc = results["uncorrected"]

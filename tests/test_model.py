@@ -10,20 +10,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from locusformer import attention as attention_module
-from locusformer.attention import linear
-from locusformer.config import ModelConfig, TrainConfig
 from locusformer.errors import InputError
-from locusformer.layout import build_layout
-from locusformer.losses import batch_mean_distance, batch_mmd, confusion_loss, grad_reverse
-from locusformer.model import (
+from locusformer.model import attention as attention_module
+from locusformer.model.attention import linear
+from locusformer.model.config import ModelConfig, TrainConfig
+from locusformer.model.layout import build_layout
+from locusformer.model.losses import batch_mean_distance, batch_mmd, confusion_loss, grad_reverse
+from locusformer.model.network import (
     UNPLACED,
     LocusFormer,
     chromosome_code,
     masked_mean,
     sinusoidal_encoding,
 )
-from locusformer.simulate import simulate
+from locusformer.simulate.datasets import simulate
 
 
 def loci_table() -> pd.DataFrame:
@@ -275,9 +275,9 @@ def test_boolean_positional_encoding_of_old_configs_still_means_the_same() -> No
 def test_a_saved_model_loads_with_its_positional_encoding(tmp_path, mode, written) -> None:
     import json
 
-    from locusformer.checkpoint import load_model, save_model
-    from locusformer.correct import correct
-    from locusformer.train import train_corrector
+    from locusformer.infer.correct import correct
+    from locusformer.model.files import load_model, save_model
+    from locusformer.train.loop import train_corrector
 
     sim = simulate(n_samples=40, n_loci=40, n_batches=2, seed=5)
     labels = [f"b{b}" for b in sim.batch]
@@ -392,7 +392,7 @@ def test_a_model_corrects_alike_with_and_without_onednn(monkeypatch) -> None:
 
 
 def test_cycle_term_is_zero_for_a_batch_free_round_trip_and_scale_free() -> None:
-    from locusformer.model import LossWeights, ModelOutput
+    from locusformer.model.network import LossWeights, ModelOutput
 
     torch.manual_seed(0)
     model = LocusFormer(tiny_config(), build_layout(loci_table(), 2), 2)

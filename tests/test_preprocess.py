@@ -10,7 +10,7 @@ import scanpy as sc
 from scipy import sparse
 
 from locusformer.errors import InputError
-from locusformer.preprocess import NormalizeParams, attach_samples, normalize
+from locusformer.pp.normalize import NormalizeParams, attach_samples, normalize
 
 
 def _adata(x, samples=None, genes=None, batches=None) -> ad.AnnData:

@@ -12,9 +12,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from locusformer import metrics, report
-from locusformer.baselines import run_baseline
 from locusformer.errors import InputError
+from locusformer.report import render as report
+from locusformer.scoring import metrics
+from locusformer.steps import metrics as steps_metrics
+from locusformer.steps.aggregate import aggregate_metrics
+from locusformer.steps.baseline import run_baseline
+from locusformer.steps.summarize import summarize
 
 EVIL_DATASET = "<script>alert('dataset')</script>"
 EVIL_BATCH = "<script>alert('batch')</script>"
@@ -176,11 +180,11 @@ def dataset(tmp_path_factory) -> dict:
     tsvs = []
     for method, path in built["integrated"].items():
         out = d / "metrics" / f"{method}.tsv"
-        metrics.run_metrics(
+        steps_metrics.run_metrics(
             path, built["integrated"]["uncorrected"], "batch", "cell_type", out, method
         )
         tsvs.append(out)
-    metrics.aggregate_metrics(tsvs, d / "metrics.tsv")
+    aggregate_metrics(tsvs, d / "metrics.tsv")
     html = report.render_dataset_report(
         d / "report.html",
         dataset=EVIL_DATASET,
@@ -347,7 +351,7 @@ def test_malformed_inputs_are_input_errors(tmp_path: Path) -> None:
 
 
 def test_index_links_every_report(tmp_path: Path, dataset) -> None:
-    summary = metrics.summarize(
+    summary = summarize(
         {EVIL_DATASET: dataset["dir"] / "metrics.tsv", "other": dataset["dir"] / "metrics.tsv"},
         {(EVIL_DATASET, "combat"): dataset["bench"]["baseline_combat"]},
         tmp_path / "summary.tsv",

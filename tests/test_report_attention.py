@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from locusformer import report
-from locusformer.checkpoint import ModelRecord, TrainedModel
-from locusformer.config import ModelConfig
-from locusformer.correct import write_attention
 from locusformer.errors import InputError
-from locusformer.layout import build_layout
-from locusformer.model import LocusFormer
-from locusformer.report_attention import chromosome_attention, top_patches
-from locusformer.simulate import simulate
+from locusformer.model.config import ModelConfig
+from locusformer.model.files import ModelRecord, TrainedModel
+from locusformer.model.layout import build_layout
+from locusformer.model.network import LocusFormer
+from locusformer.report import render as report
+from locusformer.report.attention import chromosome_attention, top_patches
+from locusformer.simulate.datasets import simulate
+from locusformer.steps.attention import write_attention
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -16,9 +16,10 @@ import pandas as pd
 import pytest
 from browser import ARTIFACTS, CATCH, CHROMIUM, PROBE, SKIP_REASON, chromium, probe, screenshot
 
-from locusformer import metrics, report
-from locusformer.baselines import failed_result
-from locusformer.results import make_result, write_result
+from locusformer.baselines.methods import failed_result
+from locusformer.io.results import make_result, write_result
+from locusformer.report import render as report
+from locusformer.scoring import metrics
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=SKIP_REASON)
 

@@ -11,16 +11,16 @@ import pandas as pd
 import pytest
 import torch
 
-from locusformer import report
-from locusformer.checkpoint import ModelRecord, TrainedModel, save_model
-from locusformer.cli import main
-from locusformer.config import ModelConfig
+from locusformer.cli.main import main
 from locusformer.errors import InputError
-from locusformer.layout import build_layout
-from locusformer.model import LocusFormer
-from locusformer.parquet import write_matrix_parquet
-from locusformer.simulate import simulate
-from locusformer.trace import trace
+from locusformer.infer.trace import trace
+from locusformer.io.parquet import write_matrix_parquet
+from locusformer.model.config import ModelConfig
+from locusformer.model.files import ModelRecord, TrainedModel, save_model
+from locusformer.model.layout import build_layout
+from locusformer.model.network import LocusFormer
+from locusformer.report import render as report
+from locusformer.simulate.datasets import simulate
 
 CONFIG = ModelConfig(
     patch_size=4, d_model=16, n_heads=2, n_layers=2, latent_dim=4, decoder_hidden=16,
@@ -119,7 +119,7 @@ def test_the_report_shows_each_layers_steps_per_head(traced, tmp_path: Path) -> 
 
 def _report_cli(tmp_path: Path, *extra: str) -> str:
     """``locusformer report`` with an empty metrics table and ``extra``; its HTML."""
-    from locusformer.metrics import COLUMNS
+    from locusformer.scoring.metrics import COLUMNS
 
     (tmp_path / "metrics.tsv").write_text("\t".join(COLUMNS) + "\n")
     out = tmp_path / "cli.html"

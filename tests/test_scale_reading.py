@@ -12,13 +12,15 @@ import pytest
 import scipy.sparse as sp
 from conftest import synthetic_groups
 
-from locusformer import metrics, report_sections, result_rows
-from locusformer.baselines import run_method
-from locusformer.cli import main
+from locusformer.baselines.methods import run_method
+from locusformer.cli.main import main
 from locusformer.errors import InputError
-from locusformer.report import render_dataset_report
-from locusformer.results import EMBEDDING_KEY, make_result, write_result
-from locusformer.subsample import scoring_subsample
+from locusformer.io.results import EMBEDDING_KEY, make_result, write_result
+from locusformer.report import sections as report_sections
+from locusformer.report.render import render_dataset_report
+from locusformer.scoring import metrics, result_rows
+from locusformer.scoring.subsample import scoring_subsample
+from locusformer.steps import metrics as steps_metrics
 
 LIMIT, SEED = 30, 3
 
@@ -56,7 +58,7 @@ def score(files: dict, name: str, limit: int = LIMIT, only=None) -> dict[str, st
     """The metrics job's TSVs (method -> text), into ``name``; ``only`` some methods."""
     paths = {m: p for m, p in files["paths"].items() if only is None or m in only}
     outs = {m: files["dir"] / name / f"{m}.tsv" for m in paths}
-    metrics.run_dataset_metrics(
+    steps_metrics.run_dataset_metrics(
         paths, paths["uncorrected"], "batch", "cell_type", outs, seed=SEED, max_samples=limit
     )
     return {m: path.read_text() for m, path in outs.items()}

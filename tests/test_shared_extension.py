@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from locusformer.schedule import WarmupCosine
-from locusformer.simulate import simulate
-from locusformer.train import train_corrector
+from locusformer.simulate.datasets import simulate
+from locusformer.train.loop import train_corrector
+from locusformer.train.schedule import WarmupCosine
 
 SMALL = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
 TRAIN = dict(

@@ -12,11 +12,11 @@ from conftest import ANNOTATION
 from scipy import sparse
 from workflow_helpers import _snakemake, _workdir
 
-from locusformer import simulate as sim_module
-from locusformer.cli import main
-from locusformer.io import read_expression, read_sample_sheet
-from locusformer.loci import CHROM_RANK
-from locusformer.simulate import (
+from locusformer.cli.main import main
+from locusformer.io.expression import read_expression, read_sample_sheet
+from locusformer.pp.loci import CHROM_RANK
+from locusformer.simulate import datasets as sim_module
+from locusformer.simulate.datasets import (
     SIM_CHUNK,
     Simulation,
     simulate,
@@ -24,7 +24,7 @@ from locusformer.simulate import (
     write_counts,
     write_simulation,
 )
-from locusformer.simulate_genome import SIM_CHROMOSOMES, draw_regions
+from locusformer.simulate.genome import SIM_CHROMOSOMES, draw_regions
 
 
 def _counts(sim) -> np.ndarray:

@@ -20,18 +20,23 @@ import torch
 from conftest import ANNOTATION
 from scipy import sparse
 
-import locusformer.correct
-import locusformer.data
-import locusformer.parquet
-from locusformer.cli import main
-from locusformer.correct import attention_map, run_attention, run_correct
+import locusformer.infer.correct
+import locusformer.io.parquet
+import locusformer.steps.correct
+import locusformer.steps.outputs
+import locusformer.train.data
+from locusformer.cli.main import main
 from locusformer.errors import InputError
-from locusformer.io import open_expression
-from locusformer.parquet import iter_matrix_parquet, read_matrix_parquet, write_matrix_parquet
-from locusformer.preprocess import NormalizeParams, normalize, plan_normalization
-from locusformer.simulate import simulate
-from locusformer.steps import run_train
-from locusformer.train import save_model, train_corrector
+from locusformer.infer.correct import attention_map
+from locusformer.io.expression import open_expression
+from locusformer.io.parquet import iter_matrix_parquet, read_matrix_parquet, write_matrix_parquet
+from locusformer.model.files import save_model
+from locusformer.pp.normalize import NormalizeParams, normalize, plan_normalization
+from locusformer.simulate.datasets import simulate
+from locusformer.steps.attention import run_attention
+from locusformer.steps.correct import run_correct
+from locusformer.steps.train import run_train
+from locusformer.train.loop import train_corrector
 
 N_SAMPLES, N_GENES = 90, 40
 
@@ -39,8 +44,8 @@ N_SAMPLES, N_GENES = 90, 40
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks and row groups of 7 rows (of 40 genes): every step goes through many."""
-    monkeypatch.setattr(locusformer.parquet, "CHUNK_VALUES", 7 * N_GENES)
-    monkeypatch.setattr(locusformer.parquet, "ROW_GROUP_BYTES", 4 * 7 * N_GENES)
+    monkeypatch.setattr(locusformer.io.parquet, "CHUNK_VALUES", 7 * N_GENES)
+    monkeypatch.setattr(locusformer.io.parquet, "ROW_GROUP_BYTES", 4 * 7 * N_GENES)
 
 
 def _counts(seed: int = 0) -> ad.AnnData:
@@ -177,7 +182,7 @@ def test_parquet_matrices_are_written_and_read_in_row_groups(tmp_path, small_chu
 def test_narrow_matrices_are_written_in_row_groups_of_bounded_rows(tmp_path, monkeypatch):
     # A latent of a few columns would fit a million rows in one row group's bytes: held
     # whole, with their ids, until the end. The row cap writes it as it comes.
-    monkeypatch.setattr(locusformer.parquet, "ROW_GROUP_ROWS", 100)
+    monkeypatch.setattr(locusformer.io.parquet, "ROW_GROUP_ROWS", 100)
     values = np.arange(250 * 3, dtype=np.float32).reshape(250, 3)
     path = tmp_path / "latent.parquet"
     write_matrix_parquet(
@@ -263,7 +268,7 @@ def tiny_model():
 
 def test_correct_streams_blocks_into_all_three_outputs(tmp_path, tiny_model, monkeypatch):
     sim, labels, model = tiny_model
-    monkeypatch.setattr(locusformer.correct, "BLOCK_VALUES", 9 * 50)  # blocks of 9 rows
+    monkeypatch.setattr(locusformer.steps.correct, "BLOCK_VALUES", 9 * 50)  # blocks of 9 rows
     ids = pd.Index([f"c{i}" for i in range(len(sim.X))], name="sample_id")
     write_matrix_parquet(tmp_path / "ordered.parquet", sim.X, ids, sim.loci["gene_id"])
     pd.DataFrame({"sample_id": ids, "batch": labels, "group": sim.group}).to_csv(
@@ -271,13 +276,13 @@ def test_correct_streams_blocks_into_all_three_outputs(tmp_path, tiny_model, mon
     )
     save_model(model, tmp_path / "model.pt", tmp_path / "model.json")
     blocks = []
-    whole_correct = locusformer.correct.correct
+    whole_correct = locusformer.infer.correct.correct
 
     def spy(model, X, *args, **kwargs):
         blocks.append(len(X))
         return whole_correct(model, X, *args, **kwargs)
 
-    monkeypatch.setattr(locusformer.correct, "correct", spy)
+    monkeypatch.setattr(locusformer.steps.correct, "correct", spy)
     out = tmp_path / "out"
     run_correct(
         tmp_path / "ordered.parquet", tmp_path / "samples.tsv", "batch",
@@ -317,7 +322,9 @@ def test_the_h5ad_writer_lets_the_sample_table_go_once_obs_is_written(tmp_path):
     )
     table = weakref.ref(samples)
     genes = pd.Index(["g1", "g2"])
-    with locusformer.correct.h5ad_writer(tmp_path / "x.h5ad", samples, genes, None, 1) as write:
+    with locusformer.infer.correct.h5ad_writer(
+        tmp_path / "x.h5ad", samples, genes, None, 1
+    ) as write:
         del samples
         gc.collect()
         assert table() is None
@@ -330,7 +337,9 @@ def test_the_h5ad_writer_lets_the_sample_table_go_once_obs_is_written(tmp_path):
 
 def test_the_h5ad_writer_leaves_the_callers_table_as_it_was(tmp_path):
     samples = pd.DataFrame({"batch": ["b1", "b2"]}, index=pd.Index([1, 2], name="id"))
-    with locusformer.correct.h5ad_writer(tmp_path / "x.h5ad", samples, pd.Index(["g"]), None, 1):
+    with locusformer.infer.correct.h5ad_writer(
+        tmp_path / "x.h5ad", samples, pd.Index(["g"]), None, 1
+    ):
         pass
     assert samples["batch"].dtype == object and samples.index.tolist() == [1, 2]
     assert samples.index.name == "id"
@@ -341,7 +350,7 @@ def test_correct_fails_whole_when_a_late_block_fails(tmp_path, tiny_model, monke
     """Reading, the model and writing overlap; an error in either thread still surfaces
     as itself, and no output appears."""
     sim, labels, model = tiny_model
-    monkeypatch.setattr(locusformer.correct, "BLOCK_VALUES", 9 * 50)  # blocks of 9 rows
+    monkeypatch.setattr(locusformer.steps.correct, "BLOCK_VALUES", 9 * 50)  # blocks of 9 rows
     ids = [f"c{i}" for i in range(len(sim.X))]
     ordered = tmp_path / "ordered.parquet"
     write_matrix_parquet(ordered, sim.X, pd.Index(ids), sim.loci["gene_id"])
@@ -350,7 +359,7 @@ def test_correct_fails_whole_when_a_late_block_fails(tmp_path, tiny_model, monke
     )
     save_model(model, tmp_path / "model.pt", tmp_path / "model.json")
     if where == "reader":
-        real_reader = locusformer.correct.iter_matrix_parquet
+        real_reader = locusformer.steps.correct.iter_matrix_parquet
 
         def failing_reader(path, *args, **kwargs):
             for i, block in enumerate(real_reader(path, *args, **kwargs)):
@@ -358,9 +367,9 @@ def test_correct_fails_whole_when_a_late_block_fails(tmp_path, tiny_model, monke
                     raise InputError(path, "cannot read ordered matrix: corrupt page")
                 yield block
 
-        monkeypatch.setattr(locusformer.correct, "iter_matrix_parquet", failing_reader)
+        monkeypatch.setattr(locusformer.steps.correct, "iter_matrix_parquet", failing_reader)
     if where == "writer":
-        real = locusformer.correct.h5ad_writer
+        real = locusformer.steps.outputs.h5ad_writer
 
         @contextlib.contextmanager
         def failing(*args, **kwargs):
@@ -373,7 +382,7 @@ def test_correct_fails_whole_when_a_late_block_fails(tmp_path, tiny_model, monke
 
                 yield write_or_fail
 
-        monkeypatch.setattr(locusformer.correct, "h5ad_writer", failing)
+        monkeypatch.setattr(locusformer.steps.outputs, "h5ad_writer", failing)
     out = tmp_path / "out"
     expected = (InputError, "corrupt page") if where == "reader" else (OSError, "No space left")
     with pytest.raises(expected[0], match=expected[1]):
@@ -413,7 +422,7 @@ def test_training_from_disk_gives_what_training_in_memory_gives(tmp_path, monkey
     pd.DataFrame({"sample_id": ids, "batch": [f"b{b}" for b in sim.batch]}).to_csv(
         tmp_path / "samples.tsv", sep="\t", index=False
     )
-    monkeypatch.setattr(locusformer.parquet, "CHUNK_VALUES", 5 * 40)  # stats over many blocks
+    monkeypatch.setattr(locusformer.io.parquet, "CHUNK_VALUES", 5 * 40)  # stats over many blocks
     made = []
     mkdtemp = tempfile.mkdtemp
     monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: made.append(mkdtemp(**kw)) or made[-1])
@@ -436,7 +445,7 @@ def test_training_from_disk_gives_what_training_in_memory_gives(tmp_path, monkey
     if how == "always":
         disk_state, disk_history = train("always", tmp_path / "disk")
     else:
-        monkeypatch.setattr(locusformer.data, "available_memory", lambda: 2 * 48 * 40 * 4)
+        monkeypatch.setattr(locusformer.train.data, "available_memory", lambda: 2 * 48 * 40 * 4)
         disk_state, disk_history = train("auto", tmp_path / "disk")
     assert len(made) == 1 and Path(made[0]).parent == tmp_path / "disk"
     assert not Path(made[0]).exists(), "the memory map is removed after training"
@@ -448,7 +457,7 @@ def test_training_from_disk_gives_what_training_in_memory_gives(tmp_path, monkey
 
 def test_the_attention_map_reads_only_the_samples_it_averages(tmp_path, tiny_model, monkeypatch):
     sim, labels, model = tiny_model
-    monkeypatch.setattr(locusformer.parquet, "CHUNK_VALUES", 9 * 50)
+    monkeypatch.setattr(locusformer.io.parquet, "CHUNK_VALUES", 9 * 50)
     ids = pd.Index([f"c{i}" for i in range(len(sim.X))], name="sample_id")
     write_matrix_parquet(tmp_path / "ordered.parquet", sim.X, ids, sim.loci["gene_id"])
     pd.DataFrame({"sample_id": ids, "batch": labels}).to_csv(

@@ -11,14 +11,14 @@ import pandas as pd
 import pytest
 import torch
 
-from locusformer.checkpoint import ModelRecord, TrainedModel, save_model
-from locusformer.cli import main
-from locusformer.config import ModelConfig
-from locusformer.layout import build_layout
-from locusformer.model import LocusFormer
-from locusformer.parquet import write_matrix_parquet
-from locusformer.simulate import simulate
-from locusformer.trace import trace
+from locusformer.cli.main import main
+from locusformer.infer.trace import trace
+from locusformer.io.parquet import write_matrix_parquet
+from locusformer.model.config import ModelConfig
+from locusformer.model.files import ModelRecord, TrainedModel, save_model
+from locusformer.model.layout import build_layout
+from locusformer.model.network import LocusFormer
+from locusformer.simulate.datasets import simulate
 
 CONFIG = ModelConfig(
     patch_size=4, d_model=16, n_heads=2, n_layers=2, latent_dim=4, decoder_hidden=16,
@@ -175,13 +175,13 @@ def test_a_seed_draws_the_samples_at_random_the_same_each_time(model_files: dict
 def test_the_drawn_rows_are_read_across_blocks(tmp_path: Path, monkeypatch, one_thread) -> None:
     import pyarrow.parquet as pq
 
-    import locusformer.parquet
-    from locusformer.trace import read_rows
+    import locusformer.io.parquet
+    from locusformer.infer.trace import read_rows
 
     model, X = make_model()
     X = np.concatenate([X, X + 1, X + 2])  # 30 samples
     ids = pd.Index([f"c{i}" for i in range(len(X))], name="sample_id")
-    monkeypatch.setattr(locusformer.parquet, "ROW_GROUP_BYTES", 4 * 7 * X.shape[1])  # 7 rows
+    monkeypatch.setattr(locusformer.io.parquet, "ROW_GROUP_BYTES", 4 * 7 * X.shape[1])  # 7 rows
     write_matrix_parquet(tmp_path / "m.parquet", X, ids, model.gene_ids)
     assert pq.ParquetFile(tmp_path / "m.parquet").metadata.num_row_groups == 5
     picked, values = read_rows(tmp_path / "m.parquet", model, 6, seed=5)

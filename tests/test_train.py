@@ -11,22 +11,20 @@ import pandas as pd
 import pytest
 import torch
 
-from locusformer.alignment import never_compared
-from locusformer.correct import correct
-from locusformer.epoch_checks import validate
 from locusformer.errors import InputError
-from locusformer.runtime import resolve_device
-from locusformer.simulate import simulate
-from locusformer.train import (
+from locusformer.infer.correct import correct
+from locusformer.model.files import TrainedModel, load_model, save_model
+from locusformer.simulate.datasets import simulate
+from locusformer.train.alignment import never_compared
+from locusformer.train.epoch_checks import validate
+from locusformer.train.loop import (
     HISTORY_COLUMNS,
     TrainConfig,
-    TrainedModel,
     TrainingDivergedError,
-    load_model,
-    save_model,
     stratified_split,
     train_corrector,
 )
+from locusformer.train.runtime import resolve_device
 
 MODEL = dict(
     patch_size=4,
@@ -259,7 +257,7 @@ def test_bad_inputs_are_input_errors(data) -> None:
 
 
 def test_epoch_plan_keeps_small_data_and_sizes_large_data_epochs_in_steps() -> None:
-    from locusformer.train import epoch_plan
+    from locusformer.train.loop import epoch_plan
 
     tc = TrainConfig(max_epochs=80, max_steps=2000, batch_size=64)
     assert epoch_plan(1_260, tc) == (80, 1.0, None)  # 20 steps per pass: 1600 steps
@@ -272,7 +270,7 @@ def test_epoch_plan_keeps_small_data_and_sizes_large_data_epochs_in_steps() -> N
 
 
 def test_epoch_rows_is_a_pass_or_a_draw_without_replacement() -> None:
-    from locusformer.schedule import EpochPlan, epoch_rows
+    from locusformer.train.schedule import EpochPlan, epoch_rows
 
     rows = torch.arange(100, 200)
     whole = epoch_rows(rows, EpochPlan(3, 1.0), 16, torch.Generator().manual_seed(0))
@@ -293,7 +291,7 @@ def test_large_data_runs_step_sized_epochs(data) -> None:
 
 
 def test_validation_scores_a_fixed_draw_of_large_held_out_sets() -> None:
-    from locusformer.schedule import VAL_MAX_SAMPLES, validation_rows
+    from locusformer.train.schedule import VAL_MAX_SAMPLES, validation_rows
 
     at_cap = np.arange(0, 2 * VAL_MAX_SAMPLES, 2)
     np.testing.assert_array_equal(validation_rows(at_cap, 0), at_cap)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from locusformer import vi_device
+from locusformer.baselines import vi_device
 
 
 @pytest.fixture

@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-import locusformer.train as train
-from locusformer.alignment import latent_clusters
-from locusformer.parquet import read_matrix_parquet
+import locusformer.train.loop as train
+from locusformer.io.parquet import read_matrix_parquet
+from locusformer.train.alignment import latent_clusters
 
 
 def main() -> None:

@@ -35,13 +35,13 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import VARIANT_BASELINES, VARIANTS, label_baselines, protected_columns
 
-from locusformer.baselines import run_method
-from locusformer.correct import correct
-from locusformer.loci import shuffle_loci
-from locusformer.metrics import SUMMARY_COLUMNS, score_method
-from locusformer.parquet import read_matrix_parquet
-from locusformer.results import make_result
-from locusformer.train import split_params, train_corrector
+from locusformer.baselines.methods import run_method
+from locusformer.infer.correct import correct
+from locusformer.io.parquet import read_matrix_parquet
+from locusformer.io.results import make_result
+from locusformer.pp.loci import shuffle_loci
+from locusformer.scoring.metrics import SUMMARY_COLUMNS, score_method
+from locusformer.train.loop import split_params, train_corrector
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCH, LABEL = "batch", "cell_line"

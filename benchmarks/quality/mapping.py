@@ -1,12 +1,12 @@
 """Leave-one-batch-out mapping on the five CellBench sets (issue 14).
 
 For each held-out set and seed: LocusFormer is trained (default config) on the other
-four, and the fifth is mapped onto it with ``locusformer.mapping.map_query``, zero-shot
+four, and the fifth is mapped onto it with ``locusformer.infer.mapping.map_query``, zero-shot
 and with ``--adapt-epochs`` of adaptation; scVI is trained on the four with the
 reference-mapping setup of scvi-tools' scArches tutorial and the fifth added by surgery
 (``SCVI.prepare_query_anndata``, ``SCVI.load_query_data``, ``train(max_epochs=200,
 plan_kwargs=dict(weight_decay=0.0))``). The combined reference + query is scored with the
-workflow's scIB metrics (``locusformer.metrics.score_method``) against LocusFormer, scVI,
+workflow's scIB metrics (``locusformer.scoring.metrics.score_method``) against LocusFormer, scVI,
 Harmony and ComBat run on all five (de novo). Beside the scores: kNN label transfer
 (k = 15 reference neighbours in the latent; accuracy and macro-F1 on the query), how the
 plate-only lines A549 and H838 fare, the reference outputs checked bitwise unchanged by
@@ -111,8 +111,8 @@ class Bench:
     def __init__(self, task: str, work: Path) -> None:
         import anndata as ad
 
-        from locusformer.baselines import run_method
-        from locusformer.parquet import read_matrix_parquet
+        from locusformer.baselines.methods import run_method
+        from locusformer.io.parquet import read_matrix_parquet
 
         d = work / "results" / task
         ordered = read_matrix_parquet(d / "ordered.parquet", "ordered matrix")
@@ -139,7 +139,7 @@ class Bench:
         return set(zip(rows["heldout"], rows["method"], rows["seed"], strict=True))
 
     def score(self, result, seed: int) -> dict[str, float]:
-        from locusformer.metrics import score_method
+        from locusformer.scoring.metrics import score_method
 
         v = score_method(result, self.uncorrected, "batch", "cell_line", seed=seed)
         v = v.set_index("metric")["value"]
@@ -164,7 +164,7 @@ class Bench:
             fh.write(line + "\n")
 
     def result(self, method: str, matrix: np.ndarray | None, latent: np.ndarray | None):
-        from locusformer.results import make_result
+        from locusformer.io.results import make_result
 
         representation = "matrix" if matrix is not None else "embedding"
         return make_result(
@@ -178,10 +178,10 @@ class Bench:
 def de_novo(bench: Bench, seed: int, heldouts: list[str], baselines: bool = True) -> None:
     """LocusFormer, scVI, Harmony and ComBat (``baselines``) on all five sets; label
     transfer per held-out."""
-    from locusformer.baselines import run_method
-    from locusformer.correct import correct
-    from locusformer.metrics import scoring_representation
-    from locusformer.train import train_corrector
+    from locusformer.baselines.methods import run_method
+    from locusformer.infer.correct import correct
+    from locusformer.scoring.metrics import scoring_representation
+    from locusformer.train.loop import train_corrector
 
     runs: dict[str, tuple[Any, float]] = {}
     start = time.perf_counter()
@@ -216,9 +216,9 @@ def zero_shot(
     """(corrected, latent) of every row: LocusFormer (default config, or ``training``'s
     settings over it) trained on the sets other than ``heldout`` and the held-out set
     mapped zero-shot; trained on all five (de novo) when ``heldout`` is None."""
-    from locusformer.correct import correct
-    from locusformer.mapping import map_query
-    from locusformer.train import train_corrector
+    from locusformer.infer.correct import correct
+    from locusformer.infer.mapping import map_query
+    from locusformer.train.loop import train_corrector
 
     query = bench.batches == heldout
     ref = ~query
@@ -240,9 +240,9 @@ def zero_shot(
 def map_locusformer(bench: Bench, heldout: str, seed: int, adapt_epochs: int) -> None:
     import torch
 
-    from locusformer.correct import correct
-    from locusformer.mapping import map_query
-    from locusformer.train import train_corrector
+    from locusformer.infer.correct import correct
+    from locusformer.infer.mapping import map_query
+    from locusformer.train.loop import train_corrector
 
     query = bench.batches == heldout
     ref = ~query

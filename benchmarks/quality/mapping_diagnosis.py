@@ -40,7 +40,7 @@ from mapping import Bench, K, confusions, knn_transfer, vote, zero_shot
 
 def _totals(bench: Bench, result, seed: int) -> tuple[float, float]:
 
-    from locusformer.metrics import score_method
+    from locusformer.scoring.metrics import score_method
 
     totals = []
     for starts in (1, 10):

@@ -1,11 +1,11 @@
 """When does genomic order help? Order, positional encoding and patch size on simulations.
 
 The ablations on real data found shuffled loci scoring as the genomic order does. This
-asks where the premise holds: :func:`locusformer.simulate.simulate` data (in memory,
+asks where the premise holds: :func:`locusformer.simulate.datasets.simulate` data (in memory,
 group markers in contiguous blocks of loci) with a gene-wise batch effect (every locus its
 own shift and scale) and with a regional one (one shift and scale per batch on segments of
 about 30 consecutive loci, as position-dependent artefacts act). On each, LocusFormer runs
-in the genomic order and on the same loci shuffled (:func:`locusformer.loci.shuffle_loci`:
+in the genomic order and on the same loci shuffled (:func:`locusformer.pp.loci.shuffle_loci`:
 the loci table and the matrix's columns permuted together, so a token's position is its
 index in the shuffled order), with the sinusoidal, a learned or no positional encoding, and
 patches of 8 to 64 loci (:data:`CONFIGS`, ten per effect, plus the uncorrected data).
@@ -101,12 +101,12 @@ def key_of(effect: str, config: Config, seed: int) -> tuple[str, ...]:
 
 def run_effect(effect: Effect, seed: int, configs: list[Config], out: Path) -> None:
     """Simulate once, score the uncorrected data and each missing configuration."""
-    from locusformer.correct import correct
-    from locusformer.loci import shuffle_loci
-    from locusformer.metrics import score_method
-    from locusformer.results import make_result
-    from locusformer.simulate import simulate
-    from locusformer.train import train_corrector
+    from locusformer.infer.correct import correct
+    from locusformer.io.results import make_result
+    from locusformer.pp.loci import shuffle_loci
+    from locusformer.scoring.metrics import score_method
+    from locusformer.simulate.datasets import simulate
+    from locusformer.train.loop import train_corrector
 
     done = done_keys(out)
     todo = [c for c in [UNCORRECTED, *configs] if key_of(effect, c, seed) not in done]

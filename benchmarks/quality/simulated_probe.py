@@ -21,9 +21,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from test_correct import MODEL, TRAIN, probe
 
-from locusformer.correct import correct
-from locusformer.simulate import simulate
-from locusformer.train import train_corrector
+from locusformer.infer.correct import correct
+from locusformer.simulate.datasets import simulate
+from locusformer.train.loop import train_corrector
 
 
 def main() -> None:

@@ -26,8 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mapping import Bench, K, confusions, vote
 
-import locusformer.train as train
-from locusformer.losses import cluster_responsibilities
+import locusformer.train.loop as train
+from locusformer.model.losses import cluster_responsibilities
 
 
 def main() -> None:

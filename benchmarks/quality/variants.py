@@ -66,13 +66,13 @@ def run(task: str, seeds: list[int], variants: list[str], baselines: list[str], 
     import anndata as ad
     import torch
 
-    from locusformer.alignment import covariate_levels
-    from locusformer.baselines import run_method
-    from locusformer.correct import correct
-    from locusformer.metrics import score_method
-    from locusformer.parquet import read_matrix_parquet
-    from locusformer.results import make_result
-    from locusformer.train import train_corrector
+    from locusformer.baselines.methods import run_method
+    from locusformer.infer.correct import correct
+    from locusformer.io.parquet import read_matrix_parquet
+    from locusformer.io.results import make_result
+    from locusformer.scoring.metrics import score_method
+    from locusformer.train.alignment import covariate_levels
+    from locusformer.train.loop import train_corrector
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     d = work / "results" / task

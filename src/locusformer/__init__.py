@@ -1,6 +1,6 @@
 """LocusFormer: batch-effect correction with self-attention over gene loci in genomic order."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 #: The AnnData API (:mod:`locusformer.api`), imported when first used so that the CLI and
 #: ``import locusformer`` stay light.

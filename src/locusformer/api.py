@@ -10,7 +10,7 @@
     model.save("ref/")  and  Model.load("ref/")  (or lf.save(model, "ref/"), lf.load("ref/"))
 
 (``locusformer.api.correct`` is ``map`` under its other name; the package's own
-``locusformer.correct`` is the module of the correction step.)
+``locusformer.infer.correct`` is the module of the correction step.)
 
 The shape follows scvi-tools' models (a trained object with save and load, its latent
 and its decoded expression; the corrected values under a named layer, the latent in
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from locusformer.checkpoint import TrainedModel
 from locusformer.errors import InputError
+from locusformer.model.files import TrainedModel
 
 if TYPE_CHECKING:
     import anndata as ad
@@ -118,7 +118,7 @@ class Model(TrainedModel):
         Log-expression on the model's loci (LocusFormer decodes log-expression, not
         scVI's per-gene frequencies).
         """
-        from locusformer.correct import reference_code
+        from locusformer.infer.correct import reference_code
 
         reference = "mean" if transform_batch is None else str(transform_batch)
         try:
@@ -140,7 +140,7 @@ class Model(TrainedModel):
     def load(cls, directory: str | Path, adata: ad.AnnData | None = None) -> Model:
         """The model :meth:`save` (or the workflow's train rule) wrote to ``directory``;
         ``adata`` becomes the methods' default data."""
-        from locusformer.checkpoint import load_model
+        from locusformer.model.files import load_model
 
         directory = Path(directory)
         return cls.of(load_model(directory / "model.pt", directory / "model.json"), adata)
@@ -155,7 +155,7 @@ def _matrix(adata: ad.AnnData, layer: str | None) -> np.ndarray:
 
 
 def _loci(adata: ad.AnnData, annotation: pd.DataFrame | None, id_type: str) -> pd.DataFrame:
-    from locusformer.loci import order_loci
+    from locusformer.pp.loci import order_loci
 
     if annotation is None:
         if not {"chrom", "start"} <= set(adata.var.columns):
@@ -190,9 +190,9 @@ def fit(
     the config's overrides. Returns the trained :class:`Model` (its loci in genomic
     order), which keeps ``adata`` as its methods' default data.
     """
-    from locusformer.alignment import covariate_levels
-    from locusformer.batches import refuse_protected_batch
-    from locusformer.train import train_corrector
+    from locusformer.pp.batches import refuse_protected_batch
+    from locusformer.train.alignment import covariate_levels
+    from locusformer.train.loop import train_corrector
 
     batches = _batch_values(adata, batch_key)
     refuse_protected_batch(protect, batch_key)
@@ -225,8 +225,8 @@ def correct(
     ``batch_key`` defaults to the one :func:`fit` was given, when ``adata.obs`` has it,
     else to the ``obs`` column holding the model's batch names.
     """
-    from locusformer.correct import model_uns
-    from locusformer.mapping import align_genes, map_query
+    from locusformer.infer.mapping import align_genes, map_query
+    from locusformer.steps.outputs import model_uns
 
     batch_key = batch_key or _batch_column(adata, model)
     frame = pd.DataFrame(_matrix(adata, layer), index=adata.obs_names, columns=adata.var_names)
@@ -256,7 +256,7 @@ map = correct
 def _batch_values(adata: ad.AnnData, batch_key: str) -> list[str]:
     """Each sample's batch: the ``obs`` column ``batch_key``, or the combination of the
     ``+``-joined columns it names (as the workflow's sample sheets allow)."""
-    from locusformer.batches import combine_batch_columns
+    from locusformer.pp.batches import combine_batch_columns
 
     obs = combine_batch_columns(adata.obs, batch_key, "adata.obs")
     if batch_key not in obs.columns:
@@ -265,7 +265,7 @@ def _batch_values(adata: ad.AnnData, batch_key: str) -> list[str]:
 
 
 def _batch_column(adata: ad.AnnData, model: TrainedModel) -> str:
-    from locusformer.batches import batch_columns
+    from locusformer.pp.batches import batch_columns
 
     known = getattr(model, "batch_key", None)
     if known is not None and set(batch_columns(known)) <= set(adata.obs.columns):
@@ -283,7 +283,7 @@ def load(directory: str | Path) -> Model:
 
 def save(model: TrainedModel, directory: str | Path) -> None:
     """Write ``model.pt`` and ``model.json`` into ``directory``, as the train rule does."""
-    from locusformer.checkpoint import save_model
+    from locusformer.model.files import save_model
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from locusformer.cli import main
+from locusformer.cli.main import main
 
 GENES = [f"ENSG{i:011d}" for i in range(1, 9)]
 SAMPLES = [f"s{i}" for i in range(8)]

@@ -22,9 +22,9 @@ from robustness_cli import (
     sheet_frame,
 )
 
-from locusformer.annotation import read_annotation
-from locusformer.io import read_expression, read_sample_sheet
-from locusformer.loci import order_loci as order_loci_frame
+from locusformer.io.annotation import read_annotation
+from locusformer.io.expression import read_expression, read_sample_sheet
+from locusformer.pp.loci import order_loci as order_loci_frame
 
 # -- written in other ways, read the same ----------------------------------------------------
 
@@ -337,10 +337,10 @@ def test_labels_with_commas_quotes_unicode_and_html_round_trip(tmp_path):
     stats = json.loads((out / "stats.json").read_text(encoding="utf-8"))
     assert set(stats["samples_per_label"]) == set(labels)
     # What train, correct and the baselines read back is the same.
-    from locusformer.baselines import read_samples
-    from locusformer.train import read_batches
+    from locusformer.io.samples import read_sample_table
+    from locusformer.train.loop import read_batches
 
-    assert read_samples(out / "samples.tsv")["label"].tolist() == labels
+    assert read_sample_table(out / "samples.tsv")["label"].tolist() == labels
     read = read_batches(out / "samples.tsv", "label", pd.Index(SAMPLES))
     assert read["label"].tolist() == labels
 

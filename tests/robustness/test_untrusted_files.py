@@ -25,8 +25,8 @@ from robustness_cli import (
     sheet_frame,
 )
 
-import locusformer.atomic
-import locusformer.io
+import locusformer.io.atomic
+import locusformer.io.expression
 
 TINY = {
     "model": {"patch_size": 2, "d_model": 8, "n_heads": 2, "n_layers": 1, "latent_dim": 4},
@@ -159,7 +159,7 @@ def test_a_full_disk_names_the_output_and_leaves_no_partial_file(tmp_path, monke
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(src))
         replace(src, dst)
 
-    monkeypatch.setattr(locusformer.atomic.os, "replace", full)
+    monkeypatch.setattr(locusformer.io.atomic.os, "replace", full)
     out = tmp_path / "out"
     code, lines = normalize(matrix, sheet, out)
     assert code == 1 and len(lines) == 1, lines
@@ -207,7 +207,7 @@ def test_a_full_disk_under_torch_save_names_the_output(
 
 
 def test_a_write_error_names_the_output_not_the_temporary_file(tmp_path):
-    from locusformer.atomic import WriteError, atomic_path
+    from locusformer.io.atomic import WriteError, atomic_path
 
     target = tmp_path / "out.txt"
     with pytest.raises(WriteError) as info, atomic_path(target) as tmp:
@@ -234,9 +234,9 @@ def test_a_matrix_larger_than_the_memory_left_is_refused_before_reading(
         ).write_h5ad(matrix)
     sheet = tmp_path / "s.csv"
     sheet_frame().to_csv(sheet, index=False)
-    monkeypatch.setattr(locusformer.io, "available_memory", lambda: 100)
+    monkeypatch.setattr(locusformer.io.expression, "available_memory", lambda: 100)
     read = []
-    monkeypatch.setattr(locusformer.io, "read_table", lambda *a, **k: read.append(a))
+    monkeypatch.setattr(locusformer.io.expression, "read_table", lambda *a, **k: read.append(a))
     out = tmp_path / "out"
     line = assert_refused(normalize(matrix, sheet, out), out, f"m.{kind}", "of memory")
     assert "needs at least" in line and "mem_mb" in line
@@ -247,10 +247,10 @@ def test_a_matrix_larger_than_the_memory_left_is_refused_before_reading(
 
 def test_the_memory_estimate_of_a_text_matrix_counts_its_lines(tmp_path, monkeypatch):
     matrix, _ = _inputs(tmp_path)
-    monkeypatch.setattr(locusformer.io, "available_memory", lambda: 100)
-    need, shape = locusformer.io.estimate_matrix_memory(matrix)
-    assert shape == "8 x 8 values" and need == 64 * locusformer.io.BYTES_PER_VALUE
+    monkeypatch.setattr(locusformer.io.expression, "available_memory", lambda: 100)
+    need, shape = locusformer.io.expression.estimate_matrix_memory(matrix)
+    assert shape == "8 x 8 values" and need == 64 * locusformer.io.expression.BYTES_PER_VALUE
     # With room to spare, a small plain file is not even scanned.
-    monkeypatch.setattr(locusformer.io, "available_memory", lambda: 2**40)
+    monkeypatch.setattr(locusformer.io.expression, "available_memory", lambda: 2**40)
     counts_frame().to_csv(tmp_path / "m.csv")
-    assert locusformer.io.estimate_matrix_memory(tmp_path / "m.csv") is None
+    assert locusformer.io.expression.estimate_matrix_memory(tmp_path / "m.csv") is None

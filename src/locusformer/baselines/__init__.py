@@ -1,0 +1,1 @@
+"""Established correctors run beside LocusFormer: ComBat, Harmony, scVI, SysVI."""

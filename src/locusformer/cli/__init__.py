@@ -1,0 +1,1 @@
+"""The ``locusformer`` command line: parse the arguments and dispatch to a step."""

@@ -1,0 +1,1 @@
+"""Applying a trained model in memory: correction, mapping new batches, the attention trace."""

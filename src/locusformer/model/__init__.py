@@ -1,0 +1,1 @@
+"""The network (torch only: attention, losses, network, config) and the trained model's files."""

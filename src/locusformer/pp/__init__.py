@@ -1,0 +1,1 @@
+"""Preprocessing: normalization, the genomic order of loci, batches, principal components."""

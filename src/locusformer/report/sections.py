@@ -1,0 +1,591 @@
+"""What the reports show, assembled from the workflow's outputs: one dict per section.
+
+Each section reads its input (stats, loci, history, integration results, metrics,
+benchmarks, the design check; the attention's section is
+:mod:`locusformer.report.attention`) and returns what its template needs, with
+``available`` False when the input was not given; a figure comes drawn by
+:mod:`locusformer.report.figures`. A file that cannot be read is an
+:class:`~locusformer.errors.InputError` naming it, before any report is written.
+:func:`verdict` decides which method a dataset's scores crown, for the dataset report and
+the index alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from locusformer.errors import InputError, one_line
+from locusformer.pp.pca import pca
+from locusformer.report.figures import (
+    embedding_figure,
+    history_figure,
+    loci_figure,
+    runtime_figure,
+    scores_figure,
+)
+from locusformer.train.alignment import NEVER_COMPARED, never_compared
+
+#: embedding plots use UMAP from this many samples on, the first two PCs below it
+UMAP_MIN_SAMPLES = 200
+
+PathLike = str | os.PathLike
+Paths = PathLike | Sequence[PathLike]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _chrom_key(chrom: str) -> tuple[int, int, str]:
+    c = re.sub(r"^chr", "", str(chrom), flags=re.IGNORECASE)
+    if c.isdigit():
+        return (0, int(c), "")
+    order = {"X": 1, "Y": 2, "M": 3, "MT": 3}
+    return (1, order.get(c.upper(), 9), c)
+
+
+def _read_table(path: PathLike, what: str) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path, sep="\t")
+    except Exception as exc:
+        raise InputError(path, f"cannot read {what}: {one_line(exc)}") from exc
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def summary_section(
+    stats_json: PathLike | None, obs: pd.DataFrame | None, batch_key: str, label_key: str | None
+) -> dict:
+    """Samples, genes, samples per batch and label, and the batch x label table.
+
+    From preprocessing's ``stats.json`` and, where they tell more, the samples' ``obs``.
+    """
+    section: dict[str, Any] = {
+        "available": False,
+        "stats": {},
+        "per_batch": [],
+        "per_label": [],
+        "dropped": [],
+        "crosstab": None,
+    }
+    if stats_json is not None:
+        try:
+            stats = json.loads(Path(stats_json).read_text(encoding="utf-8"))
+        except Exception as exc:
+            raise InputError(stats_json, f"cannot read dataset stats: {one_line(exc)}") from exc
+        if not isinstance(stats, dict):
+            raise InputError(stats_json, "dataset stats must be a JSON object")
+        section["available"] = True
+        section["stats"] = {
+            "Samples": stats.get("n_samples"),
+            "Genes in the input": stats.get("n_genes_input"),
+            "Genes kept": stats.get("n_genes_kept"),
+            "Value type": stats.get("value_type"),
+        }
+        section["per_batch"] = sorted((stats.get("samples_per_batch") or {}).items())
+        section["per_label"] = sorted((stats.get("samples_per_label") or {}).items())
+        section["dropped"] = list((stats.get("genes_dropped") or {}).items())
+    if obs is not None and batch_key in obs.columns:
+        section["available"] = True
+        if not section["per_batch"]:
+            section["per_batch"] = sorted(obs[batch_key].astype(str).value_counts().items())
+        if label_key is not None and label_key in obs.columns:
+            tab = pd.crosstab(obs[batch_key].astype(str), obs[label_key].astype(str))
+            section["crosstab"] = {
+                "labels": [str(c) for c in tab.columns],
+                "rows": [
+                    (str(b), [int(v) for v in row])
+                    for b, row in zip(tab.index, tab.to_numpy(), strict=True)
+                ],
+            }
+    return section
+
+
+def loci_section(loci_parquet: PathLike | None) -> dict:
+    """How many loci were placed, and on which chromosomes (from ``loci.parquet``)."""
+    section: dict[str, Any] = {"available": False}
+    if loci_parquet is None:
+        return section
+    try:
+        loci = pd.read_parquet(loci_parquet)
+    except Exception as exc:
+        raise InputError(loci_parquet, f"cannot read loci: {one_line(exc)}") from exc
+    if "chrom" not in loci.columns:
+        raise InputError(loci_parquet, "no 'chrom' column")
+    chrom = loci["chrom"].fillna("").astype(str)
+    placed = loci["placed"].astype(bool) if "placed" in loci.columns else chrom.ne("")
+    counts = chrom[placed].value_counts()
+    order = sorted(counts.index, key=_chrom_key)
+    counts = counts.reindex(order)
+    section.update(
+        available=True,
+        n_loci=len(loci),
+        n_placed=int(placed.sum()),
+        share_placed=float(placed.mean()) if len(loci) else float("nan"),
+        n_chrom=len(order),
+        figure=loci_figure(order, counts),
+    )
+    return section
+
+
+def history_section(history_tsv: PathLike | None) -> dict:
+    """The training history's columns, grouped into losses, accuracies, rates and timings."""
+    section: dict[str, Any] = {"available": False}
+    if history_tsv is None:
+        return section
+    hist = _read_table(history_tsv, "training history")
+    numeric = hist.apply(pd.to_numeric, errors="coerce")
+    x = numeric["epoch"] if "epoch" in numeric.columns else pd.Series(np.arange(len(hist)))
+    cols = [c for c in numeric.columns if c != "epoch" and numeric[c].notna().any()]
+    lr = [c for c in cols if c.lower() in ("lr", "learning_rate") or c.lower().startswith("lr_")]
+    acc = [c for c in cols if "acc" in c.lower() and c not in lr]
+    # Schedules, timings and the clusters compared are not losses: their own panel.
+    schedule = [
+        c for c in cols if c.lower().endswith("_weight") or c in ("seconds", "clusters_compared")
+    ]
+    loss = [c for c in cols if c not in lr and c not in acc and c not in schedule]
+    panels = [
+        (title, c)
+        for title, c in (
+            ("losses", loss),
+            ("accuracy", acc),
+            ("learning rate", lr),
+            ("schedule and epoch time", schedule),
+        )
+        if c
+    ]
+    if not panels or len(hist) == 0:
+        section["message"] = "the training history has no numeric columns"
+        return section
+    figure = history_figure(x, numeric, panels)
+    section.update(available=True, figure=figure, columns=cols, n_epochs=len(hist))
+    if "clusters_compared" in hist.columns and never_compared(numeric):
+        section["warning"] = NEVER_COMPARED.removeprefix("training: ")
+    return section
+
+
+def _embedding_coords(result, seed: int, mode: str) -> tuple[np.ndarray, str]:
+    from locusformer.scoring.metrics import scoring_representation
+
+    rep = scoring_representation(result, seed)
+    n = rep.shape[0]
+    use_umap = mode == "umap" or (mode == "auto" and n >= UMAP_MIN_SAMPLES)
+    if use_umap and n > 3:
+        import anndata as ad
+        import scanpy as sc
+
+        from locusformer.scoring.neighbors import cache_umap_compilation
+
+        cache_umap_compilation()
+        tmp = ad.AnnData(X=np.zeros((n, 1), dtype=np.float32))
+        tmp.obsm["X_rep"] = rep
+        # Exact kNN, scanpy's own choice below 4,096 samples (the same plots there): above
+        # it scanpy's pynndescent path fails with this scipy ('csr_array' has no getnnz).
+        k = min(15, n - 1)
+        sc.pp.neighbors(tmp, k, use_rep="X_rep", random_state=seed, transformer="sklearn")
+        sc.tl.umap(tmp, random_state=seed)
+        return np.asarray(tmp.obsm["X_umap"]), "UMAP"
+    if rep.shape[1] <= 2:
+        coords = rep if rep.shape[1] == 2 else np.column_stack([rep[:, 0], np.zeros(n)])
+        return coords, "dim"
+    return pca(rep, 2, seed), "PC"
+
+
+def embedding_subsample(
+    integrated: Mapping[str, PathLike],
+    batch_key: str,
+    label_key: str | None,
+    max_samples: int,
+    seed: int,
+) -> tuple[pd.Index | None, str]:
+    """The samples the plots show (``None``: all) and the sentence that says so ("" for all).
+
+    Above ``max_samples``, the stratified subsample the metrics job scores
+    (:func:`~locusformer.scoring.subsample.scoring_subsample` of the uncorrected result's sample
+    table, else the first method's, with the same seed): UMAP would not finish on an
+    atlas, and the plots then show the samples the scores were computed on.
+    """
+    from locusformer.scoring.result_rows import open_result
+    from locusformer.scoring.subsample import scoring_subsample
+
+    first = "uncorrected" if "uncorrected" in integrated else next(iter(integrated))
+    obs = open_result(integrated[first]).obs  # the sample table only; matrices stay on disk
+    keep = scoring_subsample(obs, batch_key, label_key, max_samples, seed)
+    if keep is None:
+        return None, ""
+    labelled = label_key is not None and label_key in obs and obs[label_key].nunique() > 1
+    strata = "batch and label" if labelled else "batch"
+    return keep, (
+        f"Drawn from the stratified subsample the scores were computed on: {len(keep)} of "
+        f"{len(obs)} samples (by {strata}, seed {seed})."
+    )
+
+
+def embedding_section(
+    integrated: Mapping[str, PathLike],
+    batch_key: str,
+    label_key: str | None,
+    seed: int,
+    mode: str,
+    max_samples: int | None = None,
+) -> tuple[dict, Any]:
+    """One embedding plot per method of ``integrated`` (method -> result h5ad), and an obs.
+
+    ``uncorrected`` comes first; a failed method (or one that cannot be plotted) gets its
+    error instead of a plot. Also returns the obs of ``uncorrected`` (else of the first
+    method), for the summary's batch x label table. Above ``max_samples`` samples
+    (default :data:`~locusformer.scoring.subsample.DEFAULT_MAX_SAMPLES`) each plot shows the
+    scored subsample (:func:`embedding_subsample`), and only its rows are read.
+    """
+    from locusformer.scoring.result_rows import open_result, read_result, take
+    from locusformer.scoring.subsample import DEFAULT_MAX_SAMPLES
+
+    limit = DEFAULT_MAX_SAMPLES if max_samples is None else max_samples
+    keep, sentence = embedding_subsample(integrated, batch_key, label_key, limit, seed)
+    plots = []
+    names: dict[str, str] = {}
+    obs = None
+    methods = sorted(integrated, key=lambda m: (m != "uncorrected",))
+    for method in methods:
+        # up to the limit read whole, as always; above it the matrices stay on disk
+        result = (
+            read_result(integrated[method]) if keep is None else open_result(integrated[method])
+        )
+        if result.uns.get("display_name"):  # combat_mod: says which labels it kept
+            names[method] = str(result.uns["display_name"])
+        if method == "uncorrected" or obs is None:
+            obs = result.obs
+        status = str(result.uns.get("status", "ok"))
+        if status != "ok":
+            plots.append(
+                {"method": method, "failed": True, "error": str(result.uns.get("error", "failed"))}
+            )
+            continue
+        try:
+            shown = result if keep is None else take(result, keep, method)
+            coords, axis = _embedding_coords(shown, seed, mode)
+        except Exception as exc:
+            plots.append(
+                {"method": method, "failed": True, "error": f"cannot plot: {one_line(exc)}"}
+            )
+            continue
+        keys = [batch_key] + ([label_key] if label_key and label_key in shown.obs else [])
+        plots.append(
+            {
+                "method": method,
+                "failed": False,
+                "figure": embedding_figure(coords, shown.obs, keys, method, axis),
+                "axis": "UMAP" if axis == "UMAP" else "PCA",
+            }
+        )
+    section = {"available": bool(plots), "plots": plots, "names": names, "subsample": sentence}
+    return section, obs
+
+
+def verdict(scores: pd.DataFrame) -> dict | None:
+    """Which method a dataset's scores crown, and the sentence that says so.
+
+    ``scores`` has one row per method with ``method``, ``total`` and ``status``. A
+    correction is crowned only when its total is above that of ``uncorrected``: a method
+    that scores below leaving the data as they are is never called the best, and when no
+    correction beats the uncorrected data the verdict says that leaving them uncorrected
+    scored best (a tie goes to the uncorrected data too: correcting gained nothing). This
+    matters most in a confounded design, where a correction can remove biology. None
+    when no method has a total.
+    """
+    ok = scores[(scores["status"] == "ok") & np.isfinite(scores["total"].astype(float))]
+    if ok.empty:
+        return None
+    totals = ok.set_index(ok["method"].astype(str))["total"].astype(float)
+    totals = totals[~totals.index.duplicated()]
+    uncorrected = totals.get("uncorrected")
+    corrections = totals.drop("uncorrected", errors="ignore")
+    best = str(corrections.idxmax()) if len(corrections) else None
+    best_total = float(corrections.max()) if len(corrections) else None
+    out = {
+        "uncorrected_total": None if uncorrected is None else float(uncorrected),
+        "best_correction": best,
+        "best_correction_total": best_total,
+    }
+    if uncorrected is None:
+        sentence = (
+            f"{best} scored best (total {best_total:.3f}); the uncorrected data have no total."
+        )
+        return {**out, "crowned": best, "uncorrected_best": False, "sentence": sentence}
+    if best is None or best_total <= uncorrected + 1e-12:
+        sentence = f"Leaving the data uncorrected scored best (total {uncorrected:.3f})"
+        sentence += (
+            f"; the best correction, {best}, scored {best_total:.3f}."
+            if best is not None
+            else ": no correction has a score."
+        )
+        return {**out, "crowned": "uncorrected", "uncorrected_best": True, "sentence": sentence}
+    sentence = f"{best} scored best (total {best_total:.3f}; uncorrected {uncorrected:.3f})."
+    return {**out, "crowned": best, "uncorrected_best": False, "sentence": sentence}
+
+
+def confounding_section(confounding_json: PathLike | None) -> dict:
+    """The design check of :mod:`locusformer.scoring.confounding`, with its top PCs tabled."""
+    from locusformer.scoring.confounding import read_confounding
+
+    if confounding_json is None:
+        return {"available": False}
+    check = read_confounding(confounding_json)
+    pcs = check.get("pca") or {}
+    per = pcs.get("r2_per_pc") or []
+    var = pcs.get("variance_per_pc") or []
+    total_var = sum(v for v in var if v is not None)
+    pc_rows = [
+        {
+            "pc": i + 1,
+            "r2": r2,
+            "share": (v / total_var) if v is not None and total_var > 0 else None,
+        }
+        for i, (r2, v) in enumerate(zip(per, var, strict=False))
+    ][:10]
+    return {
+        "available": True,
+        "level": check["level"],
+        "reasons": [str(r) for r in check.get("reasons", [])],
+        "sentences": [str(r) for r in check.get("sentences", [])],
+        "labels": check.get("labels"),
+        "pca": pcs,
+        "pc_rows": pc_rows,
+        "batch_dominated": bool(check.get("batch_dominated")),
+        "thresholds": check.get("thresholds") or {},
+    }
+
+
+def mapping_section(mapping_json: PathLike | None) -> dict:
+    """Which trained model a mapped dataset went onto and which of its batches were new
+    (the ``mapping.json`` of ``locusformer map``); not available for a trained dataset."""
+    if mapping_json is None:
+        return {"available": False}
+    try:
+        with open(mapping_json, encoding="utf-8") as handle:
+            record = json.load(handle)
+        model, genes = record["model"], record["genes"]
+        return {
+            "available": True,
+            "model": str(model.get("name") or Path(model["weights"]).parent),
+            "trained_batches": [str(b) for b in record["trained_batches"]],
+            "new_batches": [str(b) for b in record["new_batches"]],
+            "adapted": bool(record["adapted"]),
+            "adapt_epochs": int(record.get("adapt_epochs", 0)),
+            "n_model_loci": int(genes["n_model_loci"]),
+            "n_present": int(genes["n_present"]),
+            "n_missing": int(genes["n_missing"]),
+        }
+    except (OSError, ValueError) as exc:
+        raise InputError(mapping_json, f"cannot read the mapping report: {one_line(exc)}") from None
+    except (KeyError, TypeError) as exc:
+        raise InputError(mapping_json, f"not a mapping report (no {one_line(exc)})") from None
+
+
+def subsample_sentence(long: pd.DataFrame) -> str:
+    """What the ``subsample`` rows of a metrics table say, in one sentence ("" without them).
+
+    The strata are (batch, label) exactly when the methods were scored with labels (a
+    label column of two values or more; one value stratifies as the batch alone), which
+    the bio metrics' names tell.
+    """
+    from locusformer.scoring.metrics import BIO_METRICS
+    from locusformer.scoring.subsample import SUBSAMPLE_METRICS
+
+    rows = long[long["type"] == "subsample"]
+    if rows.empty:
+        return ""
+    by_method = rows.pivot_table(index="method", columns="metric", values="value", sort=False)
+    by_method = by_method.reindex(columns=list(SUBSAMPLE_METRICS))
+    strata = "batch and label" if long["metric"].isin(BIO_METRICS).any() else "batch"
+    # One job scores every method on one subsample; tables joined from several runs could
+    # differ, and then each subsample is named with its methods.
+    groups = by_method.groupby(list(SUBSAMPLE_METRICS), sort=False, dropna=False)
+    parts = []
+    for (n, total, seed), sub in groups:
+        what = f"{_count(n)} of {_count(total)} samples (by {strata}, seed {_count(seed)})"
+        parts.append(what if groups.ngroups == 1 else f"{what} for {', '.join(sub.index)}")
+    article = "a stratified subsample" if len(parts) == 1 else "stratified subsamples"
+    return f"Scored on {article} of {'; '.join(parts)}."
+
+
+def _count(value: float) -> str:
+    return str(int(value)) if np.isfinite(value) else "?"
+
+
+def metrics_section(metrics_tsv: PathLike | None, names: Mapping[str, str] | None = None) -> dict:
+    """The metrics table ranked by total score, the best of each metric, and the verdict.
+
+    ``names`` maps a method to the name the table shows (see :func:`embedding_section`).
+    The ``subsample`` rows of methods scored on a subsample are no column of the table but
+    the section's ``subsample`` sentence (:func:`subsample_sentence`).
+    """
+    from locusformer.scoring.metrics import method_scores, read_metrics, wide_metrics
+
+    # method -> how the table shows it, so that a method that used labels says so
+    names = dict(names or {})
+
+    section: dict[str, Any] = {"available": False}
+    if metrics_tsv is None:
+        return section
+    long = read_metrics(metrics_tsv)
+    section["subsample"] = subsample_sentence(long)
+    long = long[long["type"] != "subsample"]
+    if long.empty:
+        section["message"] = "the metrics table is empty"
+        return section
+    wide = wide_metrics(long)
+    types = dict(zip(long["metric"], long["type"], strict=False))
+    scores = method_scores(long).set_index("method")
+    ok = scores.index[scores["status"] == "ok"]
+    failed = scores.index[scores["status"] != "ok"]
+    ranked = list(scores.loc[ok].sort_values("total", ascending=False, na_position="last").index)
+    best = {
+        m: (wide.loc[ok, m].max() if len(ok) and wide.loc[ok, m].notna().any() else None)
+        for m in wide.columns
+    }
+    columns = [{"name": m, "type": types.get(m, "")} for m in wide.columns]
+    rows = []
+    for rank, method in enumerate(ranked, start=1):
+        cells = []
+        for m in wide.columns:
+            v = wide.loc[method, m]
+            is_best = best[m] is not None and np.isfinite(v) and v >= best[m] - 1e-12
+            cells.append({"value": v, "best": bool(is_best)})
+        rows.append(
+            {
+                "rank": rank,
+                "method": names.get(method, method),
+                "cells": cells,
+                "failed": False,
+                "error": "",
+            }
+        )
+    for method in failed:
+        rows.append(
+            {
+                "rank": None,
+                "method": names.get(method, method),
+                "cells": [],
+                "failed": True,
+                "error": scores.loc[method, "error"],
+            }
+        )
+    metric_errors = [
+        (r.method, r.metric, r.error)
+        for r in long.itertuples()
+        if r.status == "ok" and isinstance(r.error, str) and r.error
+    ]
+    # batch vs bio scatter
+    pts = scores.loc[ok, ["batch", "bio"]].dropna()
+    section.update(
+        available=True,
+        columns=columns,
+        rows=rows,
+        verdict=verdict(scores.reset_index()),
+        scatter=scores_figure(pts, names),
+        metric_errors=metric_errors,
+        n_failed=len(failed),
+    )
+    return section
+
+
+def runtime_section(benchmark_files: Mapping[str, Paths] | None) -> dict:
+    """Wall time and peak memory of each rule, from its Snakemake benchmark file(s)."""
+    from locusformer.scoring.metrics import read_benchmark
+
+    section: dict[str, Any] = {"available": False, "rows": []}
+    if not benchmark_files:
+        return section
+    rows = []
+    for rule, paths in benchmark_files.items():
+        usage = read_benchmark(paths)
+        rows.append({"rule": str(rule), **usage})
+    section.update(available=True, rows=rows, figure=runtime_figure(rows))
+    return section
+
+
+# --------------------------------------------------------------------------- index
+
+
+def index_groups(
+    summary_tsv: PathLike,
+    report_links: Mapping[str, PathLike],
+    confounding: Mapping[str, PathLike] | None = None,
+) -> list[dict]:
+    """One group per dataset for the index: its report's link, rows, verdict and design.
+
+    Per dataset, the method :func:`verdict` crowns is marked (never a correction scoring
+    below the uncorrected data); ``confounding`` maps dataset -> its design check
+    (:mod:`locusformer.scoring.confounding`). A link that is not a relative path is a ValueError.
+    """
+    from locusformer.scoring.confounding import read_confounding
+
+    designs = {str(k): read_confounding(v) for k, v in (confounding or {}).items()}
+    summary = _read_table(summary_tsv, "summary")
+    needed = ["dataset", "method", "batch", "bio", "total", "status"]
+    missing = [c for c in needed if c not in summary.columns]
+    if missing:
+        raise InputError(summary_tsv, f"not a summary table: missing {', '.join(missing)}")
+    summary["dataset"] = summary["dataset"].astype(str)
+    summary["method"] = summary["method"].astype(str)
+    summary["error"] = summary["error"].fillna("").astype(str) if "error" in summary else ""
+    for col in ("wall_s", "max_rss_mb"):
+        if col not in summary.columns:
+            summary[col] = np.nan
+    links = {str(k): _href(v) for k, v in report_links.items()}
+    datasets = list(dict.fromkeys([*links, *summary["dataset"]]))
+    groups = []
+    for ds in datasets:
+        sub = summary[summary["dataset"] == ds]
+        crowned = verdict(sub)
+        rows = [
+            {
+                **rec,
+                "best": crowned is not None
+                and rec["status"] == "ok"
+                and rec["method"] == crowned["crowned"],
+            }
+            for rec in sub.to_dict("records")
+        ]
+        design = designs.get(ds)
+        groups.append(
+            {
+                "dataset": ds,
+                "href": links.get(ds),
+                "rows": rows,
+                "verdict": crowned,
+                "design": None if design is None else _design_summary(design),
+            }
+        )
+    return groups
+
+
+def _design_summary(check: Mapping[str, Any]) -> dict:
+    labels = check.get("labels") or {}
+    pcs = check.get("pca") or {}
+    return {
+        "level": check["level"],
+        "cramers_v": labels.get("cramers_v"),
+        "share_labels_one_batch": labels.get("share_labels_one_batch"),
+        "weighted_r2": pcs.get("weighted_r2"),
+        "n_pcs": pcs.get("n_pcs"),
+        "batch_dominated": bool(check.get("batch_dominated")),
+        "reasons": [str(r) for r in check.get("reasons", [])],
+    }
+
+
+def _href(path: PathLike) -> str:
+    href = str(path).replace(os.sep, "/")
+    if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", href) or href.startswith("//"):
+        raise ValueError(f"report links must be relative paths, got {href!r}")
+    return urllib.parse.quote(href, safe="/")

@@ -1,0 +1,1 @@
+"""The scIB metrics, their neighbour graphs and subsample, and the design check."""

@@ -1,0 +1,467 @@
+"""Score integration results with the scIB metrics (``scib-metrics``).
+
+Every method of a dataset is scored the same way, on the same samples: all of them up to
+``max_samples``, else one seeded subsample stratified by batch and label
+(:mod:`locusformer.scoring.subsample`), cut from every result by obs name:
+
+* the representation scored is the PCA of the corrected matrix (``n_pcs`` rule:
+  ``min(50, n_samples - 1, n_genes - 1)`` components, computed on the scored samples' rows
+  of the corrected matrix) for ``representation="matrix"`` results and ``.obsm["X_emb"]``
+  as it is for embeddings;
+* one k-nearest-neighbour graph per representation, computed the same way for every method
+  by :mod:`locusformer.scoring.neighbors` (exact Euclidean kNN up to 20,000 samples, else
+  pynndescent as in scib-metrics), with ``k = min(90, n_samples - 1)`` neighbours (self
+  included); the 15- and 50-neighbour graphs of scIB are subsets of it (``min(15, k)``,
+  ``min(50, k)``); kBET per label's neighbours in each label's diffusion map are found by
+  the same rule (scib-metrics takes them from pynndescent at every size), with ARPACK's
+  starting vector drawn from the seed;
+* values are the ABSOLUTE metric values as scib-metrics returns them (already in [0, 1],
+  higher is better), never min-max scaled across methods; the batch score is the mean of
+  the batch metrics, the bio score the mean of the bio metrics (NaN metrics left out) and
+  the total ``0.4 * batch + 0.6 * bio`` as in scIB.
+
+Biological conservation (needs a label column): Isolated labels, KMeans NMI, KMeans ARI,
+Silhouette label, cLISI. KMeans NMI and ARI come from the lowest-inertia clustering of
+``kmeans_starts`` k-means++ starts (10 by default, scikit-learn's k-means seeded by the
+run's seed); ``kmeans_starts=1`` is scib-metrics' own single start, the scores it publishes
+(:func:`kmeans_nmi_ari`).
+
+Batch correction: BRAS (``Silhouette batch`` with scib-metrics versions without BRAS),
+iLISI, KBET, Graph connectivity, PCR comparison (against the PCA of the uncorrected
+matrix).
+
+Without a label column, BRAS treats all samples as one label, KBET is the global kBET
+acceptance rate (:func:`scib_metrics.kbet` instead of ``kbet_per_label``), Graph
+connectivity (defined per label) is left out, and biological conservation is scored by
+``Within-batch kNN Jaccard``: for each sample the
+Jaccard overlap of its ``min(15, batch size - 1)`` nearest same-batch neighbours in the
+uncorrected PCA and in the scored representation, averaged over samples (1 = every
+within-batch neighbourhood preserved; the uncorrected data score 1 by construction).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+
+from locusformer.errors import InputError, one_line
+from locusformer.io import atomic
+from locusformer.io.results import EMBEDDING_KEY
+from locusformer.pp.pca import n_pcs, pca
+from locusformer.scoring import result_rows, subsample
+from locusformer.scoring.neighbors import (
+    WITHIN_BATCH_K,
+    cache_umap_compilation,
+    compute_neighbors,
+    exact_diffusion_neighbors,
+    neighbor_sizes,
+    seeded_eigsh,
+    within_batch_knn_jaccard,
+)
+from locusformer.scoring.result_rows import ResultFile
+
+log = logging.getLogger(__name__)
+
+BATCH_WEIGHT = 0.4
+BIO_WEIGHT = 0.6
+#: k-means++ starts behind KMeans NMI and ARI (:func:`kmeans_nmi_ari`).
+DEFAULT_KMEANS_STARTS = 10
+
+BIO_METRICS: tuple[str, ...] = (
+    "Isolated labels",
+    "KMeans NMI",
+    "KMeans ARI",
+    "Silhouette label",
+    "cLISI",
+)
+NO_LABEL_BIO_METRICS: tuple[str, ...] = ("Within-batch kNN Jaccard",)
+AGGREGATES: tuple[str, ...] = ("Batch correction", "Bio conservation", "Total")
+COLUMNS: list[str] = ["method", "metric", "type", "value", "status", "error"]
+SUMMARY_COLUMNS: list[str] = [
+    "dataset",
+    "method",
+    "batch",
+    "bio",
+    "total",
+    "status",
+    "error",
+    "wall_s",
+    "max_rss_mb",
+]
+
+
+def has_bras() -> bool:
+    """Whether the installed scib-metrics has BRAS (``scib_metrics.bras``, 0.5.5 and later)."""
+    import scib_metrics
+
+    return hasattr(scib_metrics, "bras")
+
+
+def silhouette_batch_name() -> str:
+    return "BRAS" if has_bras() else "Silhouette batch"
+
+
+def batch_metric_names(with_labels: bool = True) -> tuple[str, ...]:
+    """Batch-correction metrics; Graph connectivity is only defined with labels."""
+    if with_labels:
+        return (silhouette_batch_name(), "iLISI", "KBET", "Graph connectivity", "PCR comparison")
+    return (silhouette_batch_name(), "iLISI", "KBET", "PCR comparison")
+
+
+def metric_names(with_labels: bool) -> list[tuple[str, str]]:
+    """(metric, type) pairs in the order they are written, aggregates last."""
+    bio = BIO_METRICS if with_labels else NO_LABEL_BIO_METRICS
+    return (
+        [(m, "bio") for m in bio]
+        + [(m, "batch") for m in batch_metric_names(with_labels)]
+        + [(m, "aggregate") for m in AGGREGATES]
+    )
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+def scoring_representation(result: ad.AnnData, seed: int = 0) -> np.ndarray:
+    """What is scored: PCA of ``.X`` for matrix results, ``.obsm["X_emb"]`` for embeddings."""
+    representation = result.uns.get("representation", "matrix")
+    if representation == "embedding":
+        if EMBEDDING_KEY not in result.obsm:
+            raise ValueError(f"an embedding result without .obsm[{EMBEDDING_KEY!r}]")
+        return np.asarray(result.obsm[EMBEDDING_KEY], dtype=np.float32)
+    if representation != "matrix":
+        raise ValueError(f"unknown representation {representation!r}")
+    if result.X is None:
+        raise ValueError("a matrix result without .X")
+    x = result.X.toarray() if hasattr(result.X, "toarray") else np.asarray(result.X)
+    if not np.isfinite(x).all():
+        raise ValueError("corrected matrix has non-finite values")
+    return pca(x, n_pcs(x.shape[0], x.shape[1]), seed).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def _rows(
+    method: str,
+    values: Mapping[str, float],
+    with_labels: bool,
+    status: str,
+    error: str,
+    metric_errors: Mapping[str, str] | None = None,
+) -> pd.DataFrame:
+    metric_errors = metric_errors or {}
+    rows = [
+        {
+            "method": method,
+            "metric": metric,
+            "type": kind,
+            "value": float(values.get(metric, float("nan"))),
+            "status": status,
+            "error": metric_errors.get(metric, error),
+        }
+        for metric, kind in metric_names(with_labels)
+    ]
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def failed_rows(method: str, error: str, with_labels: bool) -> pd.DataFrame:
+    """Rows for a method that failed: every metric NaN, ``status="failed"``."""
+    return _rows(method, {}, with_labels, "failed", one_line(error))
+
+
+def _aggregate(values: dict[str, float], with_labels: bool) -> None:
+    def mean(names: Iterable[str]) -> float:
+        vals = [values[m] for m in names if m in values and np.isfinite(values[m])]
+        return float(np.mean(vals)) if vals else float("nan")
+
+    batch = mean(batch_metric_names(with_labels))
+    bio = mean(BIO_METRICS if with_labels else NO_LABEL_BIO_METRICS)
+    values["Batch correction"] = batch
+    values["Bio conservation"] = bio
+    values["Total"] = BATCH_WEIGHT * batch + BIO_WEIGHT * bio
+
+
+def _labels_usable(obs: pd.DataFrame, label_key: str | None) -> bool:
+    if label_key is None:
+        return False
+    if label_key not in obs.columns:
+        raise InputError("integration result", f"no label column {label_key!r} in obs")
+    labels = obs[label_key]
+    if labels.isna().any():
+        raise InputError(
+            "integration result",
+            f"label column {label_key!r} has {int(labels.isna().sum())} missing values",
+        )
+    if labels.astype(str).nunique() < 2:
+        log.warning("label column %r has one value: scoring biology without labels", label_key)
+        return False
+    return True
+
+
+def check_kmeans_starts(value: object, source: str = "kmeans_starts") -> int:
+    """``value`` (an integer, or a flag's string) as k-means starts >= 1; else one line."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+        raise InputError(source, f"expected an integer >= 1, got {value!r}")
+    return int(text)
+
+
+def kmeans_nmi_ari(
+    x: np.ndarray, labels: np.ndarray, starts: int = DEFAULT_KMEANS_STARTS, seed: int = 0
+) -> dict[str, float]:
+    """NMI and ARI of the labels against k-means clusters of ``x``, k the number of labels.
+
+    ``starts=1`` is :func:`scib_metrics.nmi_ari_cluster_labels_kmeans` itself. One
+    k-means++ start lands in a worse local minimum often enough to reorder correctors: on
+    18 CellBench latents (five sets, de novo and each set mapped, three seeds each) 12-23%
+    of single starts ended over 5% above the lowest inertia (a cell line split in two and
+    two others joined, where looked at), 0.04-0.06 off the total (BENCHMARKS.md, session
+    26). ``starts=N`` keeps the lowest-inertia clustering of N starts of scikit-learn's
+    k-means (its default ``n_init`` for years, and about a hundred times faster on the CPU
+    than scib-metrics' JAX k-means with the same starts), seeded by ``seed``.
+    """
+    if starts == 1:
+        import scib_metrics
+
+        return scib_metrics.nmi_ari_cluster_labels_kmeans(x, labels)
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+    km = KMeans(len(np.unique(labels)), n_init=starts, random_state=seed)
+    predicted = km.fit_predict(np.asarray(x, dtype=np.float32))
+    return {
+        "nmi": normalized_mutual_info_score(labels, predicted, average_method="arithmetic"),
+        "ari": adjusted_rand_score(labels, predicted),
+    }
+
+
+def score_method(
+    result: ad.AnnData | ResultFile,
+    uncorrected: ad.AnnData | ResultFile,
+    batch_key: str,
+    label_key: str | None,
+    seed: int = 0,
+    reference: dict | None = None,
+    samples: pd.Index | None = None,
+    kmeans_starts: int = DEFAULT_KMEANS_STARTS,
+) -> pd.DataFrame:
+    """Score one integration result; long format (method, metric, type, value, status, error).
+
+    ``uncorrected`` is the ``uncorrected`` integration result of the same dataset (its PCA
+    is the pre-integration reference of PCR comparison and of the no-label bio metric).
+    ``reference``, a dict kept between calls with the same ``uncorrected``, ``seed`` and
+    ``samples`` (:func:`run_dataset_metrics`), holds that PCA so it is computed once, not
+    once per method. ``samples`` (obs names) scores those only, in the result's order; of a
+    :class:`~locusformer.scoring.result_rows.ResultFile` only their rows are read.
+    ``kmeans_starts``: k-means starts behind KMeans NMI and ARI, seeded by ``seed``
+    (:func:`kmeans_nmi_ari`).
+    """
+    import scib_metrics
+
+    cache_umap_compilation()
+    # scib-metrics logs every skipped kBET label at INFO level through a rich handler
+    scib_metrics.settings.verbosity = logging.WARNING
+    method = str(result.uns.get("method", "unknown"))
+    if batch_key not in result.obs.columns:
+        raise InputError("integration result", f"no batch column {batch_key!r} in obs")
+    with_labels = _labels_usable(result.obs, label_key)
+
+    if result.uns.get("status", "ok") != "ok":
+        return failed_rows(method, str(result.uns.get("error", "failed")), with_labels)
+    if uncorrected.uns.get("status", "ok") != "ok":
+        raise InputError("uncorrected result", "the uncorrected baseline failed")
+    if set(result.obs_names) != set(uncorrected.obs_names) or result.n_obs != uncorrected.n_obs:
+        raise InputError(
+            "integration result", f"samples of {method!r} differ from the uncorrected result"
+        )
+    is_uncorrected, n_total = result is uncorrected, result.n_obs
+    # the subsample's rows in the result's order, like any reordered result
+    result = result_rows.take(result, samples, method)
+
+    reference = {} if reference is None else reference
+    try:
+        # The PCA depends on the row order: reused only for results in the same order.
+        if not result.obs_names.equals(reference.get("obs_names")):
+            reference.clear()
+            pre = result_rows.take(uncorrected, result.obs_names, "uncorrected", True)
+            reference["pca"] = scoring_representation(pre, seed)
+            reference["obs_names"] = result.obs_names.copy()
+        # Copies: a metric that changed its input in place would change the next method's.
+        x_pre = reference["pca"].copy()
+        x = x_pre.copy() if is_uncorrected else scoring_representation(result, seed)
+        if not np.isfinite(x).all():
+            raise ValueError("representation has non-finite values")
+    except ValueError as exc:
+        return failed_rows(method, f"cannot score: {exc}", with_labels)
+
+    batches = result.obs[batch_key].astype(str).to_numpy()
+    labels = (
+        result.obs[label_key].astype(str).to_numpy()
+        if with_labels
+        else np.full(result.n_obs, "all", dtype=object)
+    )
+    n = result.n_obs
+    sizes = neighbor_sizes(n)
+    nn = compute_neighbors(x, sizes.lisi, seed)
+    nn_graph = nn.subset_neighbors(sizes.graph)
+    nn_kbet = nn.subset_neighbors(sizes.kbet)
+    n_batches = len(np.unique(batches))
+
+    values: dict[str, float] = {}
+    errors: dict[str, str] = {}
+
+    def run(name: str, fn, needs_batches: bool = False) -> None:
+        if needs_batches and n_batches < 2:
+            values[name] = float("nan")
+            errors[name] = "needs at least 2 batches"
+            return
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = fn()
+            if isinstance(out, dict):
+                values.update({k: float(v) for k, v in out.items()})
+            else:
+                values[name] = float(out)
+        except Exception as exc:
+            log.warning("%s: metric %s failed: %s", method, name, exc)
+            values[name] = float("nan")
+            errors[name] = one_line(f"{type(exc).__name__}: {exc}")
+
+    if with_labels:
+        run("Isolated labels", lambda: scib_metrics.isolated_labels(x, labels, batches))
+
+        def kmeans():
+            res = kmeans_nmi_ari(x, labels, kmeans_starts, seed)
+            return {"KMeans NMI": res["nmi"], "KMeans ARI": res["ari"]}
+
+        run("KMeans NMI", kmeans)
+        if "KMeans ARI" not in values:
+            values["KMeans ARI"] = float("nan")
+            errors["KMeans ARI"] = errors.get("KMeans NMI", "")
+        run("Silhouette label", lambda: scib_metrics.silhouette_label(x, labels))
+        run("cLISI", lambda: scib_metrics.clisi_knn(nn, labels))
+    else:
+        run(
+            "Within-batch kNN Jaccard",
+            lambda: within_batch_knn_jaccard(x_pre, x, batches, WITHIN_BATCH_K),
+        )
+
+    sil_name = silhouette_batch_name()
+    if has_bras():
+        run(sil_name, lambda: scib_metrics.bras(x, labels, batches), needs_batches=True)
+    else:  # pragma: no cover - scib-metrics < 0.5.5
+        run(sil_name, lambda: scib_metrics.silhouette_batch(x, labels, batches), True)
+    run("iLISI", lambda: scib_metrics.ilisi_knn(nn, batches), needs_batches=True)
+    if with_labels:
+        with seeded_eigsh(seed), exact_diffusion_neighbors():
+            run("KBET", lambda: scib_metrics.kbet_per_label(nn_kbet, batches, labels), True)
+        run("Graph connectivity", lambda: scib_metrics.graph_connectivity(nn_graph, labels))
+    else:
+        run("KBET", lambda: scib_metrics.kbet(nn_kbet, batches)[0], needs_batches=True)
+    run(
+        "PCR comparison",
+        lambda: scib_metrics.pcr_comparison(x_pre, x, batches, categorical=True),
+        needs_batches=True,
+    )
+    _aggregate(values, with_labels)
+    df = _rows(method, values, with_labels, "ok", "", errors)
+    return subsample.with_subsample_rows(df, samples, n_total, seed)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def write_metrics(df: pd.DataFrame, path: str | os.PathLike) -> None:
+    atomic.write_text(path, df.to_csv(sep="\t", index=False, na_rep="NaN", lineterminator="\n"))
+
+
+def read_metrics(path: str | os.PathLike) -> pd.DataFrame:
+    """Read a long metrics TSV written by :func:`run_metrics` or :func:`aggregate_metrics`."""
+    try:
+        df = pd.read_csv(path, sep="\t", dtype={"error": str, "method": str, "metric": str})
+    except Exception as exc:
+        raise InputError(path, f"cannot read metrics: {one_line(exc)}") from exc
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise InputError(path, f"not a metrics table: missing column(s) {', '.join(missing)}")
+    df["error"] = df["error"].fillna("")
+    df["value"] = pd.to_numeric(df["value"], errors="coerce")
+    return df[COLUMNS]
+
+
+def wide_metrics(df: pd.DataFrame) -> pd.DataFrame:
+    """methods x metrics table (metric order kept) from the long format."""
+    order = list(dict.fromkeys(df["metric"]))
+    wide = df.pivot_table(
+        index="method", columns="metric", values="value", dropna=False, sort=False
+    )
+    return wide.reindex(columns=order)
+
+
+def read_benchmark(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> dict[str, float]:
+    """Wall time (s, summed over files; mean over repeats) and peak memory (max_rss, MB).
+
+    Reads Snakemake ``benchmark:`` TSVs (columns s, h:m:s, max_rss, max_vms, ... cpu_time).
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    wall = 0.0
+    rss = float("nan")
+    cpu = 0.0
+    any_wall = any_cpu = False
+    for p in paths:
+        try:
+            df = pd.read_csv(p, sep="\t")
+        except Exception as exc:
+            raise InputError(p, f"cannot read benchmark file: {one_line(exc)}") from exc
+        if "s" not in df.columns:
+            raise InputError(p, "not a Snakemake benchmark file (no 's' column)")
+        s = pd.to_numeric(df["s"], errors="coerce").mean()
+        if np.isfinite(s):
+            wall += float(s)
+            any_wall = True
+        if "max_rss" in df.columns:
+            r = pd.to_numeric(df["max_rss"], errors="coerce").max()
+            if np.isfinite(r):
+                rss = float(r) if not np.isfinite(rss) else max(rss, float(r))
+        if "cpu_time" in df.columns:
+            c = pd.to_numeric(df["cpu_time"], errors="coerce").mean()
+            if np.isfinite(c):
+                cpu += float(c)
+                any_cpu = True
+    return {
+        "wall_s": wall if any_wall else float("nan"),
+        "max_rss_mb": rss,
+        "cpu_time_s": cpu if any_cpu else float("nan"),
+    }
+
+
+def _value(df: pd.DataFrame, metric: str) -> float:
+    v = df.loc[df["metric"] == metric, "value"]
+    return float(v.iloc[0]) if len(v) else float("nan")
+
+
+def method_scores(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per method: batch, bio, total, status, error (order of first appearance)."""
+    rows = []
+    for method, sub in df.groupby("method", sort=False):
+        failed = sub["status"].eq("failed").any()
+        err = sub.loc[sub["status"].eq("failed"), "error"]
+        rows.append(
+            {
+                "method": method,
+                "batch": _value(sub, "Batch correction"),
+                "bio": _value(sub, "Bio conservation"),
+                "total": _value(sub, "Total"),
+                "status": "failed" if failed else "ok",
+                "error": str(err.iloc[0]) if failed and len(err) else "",
+            }
+        )
+    return pd.DataFrame(rows, columns=["method", "batch", "bio", "total", "status", "error"])

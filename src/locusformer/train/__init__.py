@@ -1,0 +1,1 @@
+"""Training: the loop, its schedule, checkpoints, devices, alignment targets and data access."""

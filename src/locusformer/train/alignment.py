@@ -1,0 +1,353 @@
+"""Which batches each sample should be aligned with: the adversary's per-sample target.
+
+The batch adversary pushes the latent until a discriminator can do no better than a
+target distribution over batches. With one global target (the batch frequencies), every
+cell is pushed to look as if it could come from any batch, also a cell of a type that one
+batch alone holds: a correction that removes biology whenever batches differ in
+composition (scIB, Luecken et al. 2022; sysVI, Hrovatin et al. 2024). Here each sample
+gets its own target, nonzero only on the batches that hold its biology:
+
+- **label-free** (:func:`shared_batches`): batch b holds a sample's biology when the
+  sample has a mutual nearest neighbour in b (Haghverdi et al. 2018, the idea behind
+  MNN-correct and fastMNN). Mutual pairs are found in a cosine-normalized PCA of the
+  input. A batch effect shifts a whole batch, so the nearest cells of another batch are
+  still the same type; a type missing from b gets no mutual pair there, because b's
+  cells have closer partners of their own type.
+- **protected covariates** (:func:`covariate_levels`): the sample sheet names biology to
+  keep (ComBat's ``mod``); the target is the batch frequencies within the sample's level.
+
+:func:`target_prior` turns either into the (n, N) target: the batch frequencies, restricted
+to the batches that hold the sample's biology and renormalized. A sample whose biology no
+other batch holds gets its own batch as target, so the adversary leaves it alone.
+
+The batch-mean term has the same weakness, and :func:`latent_clusters` is its answer:
+soft clusters of the latent (found at each epoch's start once the adversary has ramped
+up), inside which the batches' means are compared, and only between the batches that hold
+a fair share of the cluster (:func:`locusformer.model.losses.cluster_batch_mean_distance`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from locusformer.errors import InputError
+
+#: Neighbours searched in each other batch; fastMNN's default.
+MNN_K = 20
+#: Largest share of a batch that k may be (small batches get a smaller k).
+MNN_SMALL_SHARE = 0.2
+#: Principal components the neighbours are found in.
+MNN_PCS = 50
+#: Samples of a batch searched at most; larger batches are subsampled (seeded) and the
+#: rest take the answer of their nearest sampled neighbour in their own batch.
+MNN_MAX_PER_BATCH = 20_000
+#: Share of a sample's own-batch neighbourhood with a mutual partner in a batch for that
+#: batch to count as holding the sample's biology.
+SMOOTH_SHARE = 0.2
+#: Harmony's softness of its clusters on the cosine distance, and the rounds of soft
+#: k-means run at each epoch's start.
+CLUSTER_SIGMA = 0.1
+CLUSTER_ROUNDS = 10
+#: Share of its expected cells (the batch's overall proportion of a cluster) a batch
+#: must hold in a cluster for its means there to be compared.
+CLUSTER_MIN_SHARE = 0.2
+#: Latents clustered at most; larger training sets are subsampled (seeded per epoch).
+CLUSTER_MAX_SAMPLES = 20_000
+#: Quantile bins a numeric covariate is cut into (its levels).
+NUMERIC_BINS = 5
+
+
+def _pca(X: np.ndarray, fit_rows: np.ndarray, n_pcs: int, seed: int) -> np.ndarray:
+    """(n, L) -> (n, k) principal-component scores fitted on ``fit_rows``, rows scaled to
+    unit length (cosine distance, as fastMNN uses: a sample's depth does not matter)."""
+    from sklearn.decomposition import PCA
+
+    k = max(1, min(n_pcs, len(fit_rows) - 1, X.shape[1]))
+    pca = PCA(n_components=k, svd_solver="randomized", random_state=seed)
+    pca.fit(np.asarray(X[fit_rows], dtype=np.float32))
+    scores = np.concatenate(
+        [
+            pca.transform(np.asarray(X[i : i + 65536], dtype=np.float32))
+            for i in range(0, len(X), 65536)
+        ]
+    )
+    norms = np.linalg.norm(scores, axis=1, keepdims=True)
+    return (scores / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def _knn(reference: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
+    """Indices (len(query), k) of each query row's k nearest rows of ``reference``."""
+    from sklearn.neighbors import NearestNeighbors
+
+    k = min(k, len(reference))
+    return NearestNeighbors(n_neighbors=k).fit(reference).kneighbors(query)[1]
+
+
+def shared_batches(
+    X: np.ndarray,
+    codes: np.ndarray,
+    n_batches: int,
+    *,
+    k: int = MNN_K,
+    n_pcs: int = MNN_PCS,
+    seed: int = 0,
+    smooth: bool = True,
+) -> np.ndarray:
+    """(n, N) bool: whether batch b holds sample i's biology (True for its own batch).
+
+    Parameters
+    ----------
+    X
+        Samples x loci, standardized log-expression (any scale; PCA centres it).
+    codes
+        (n,) batch code of each sample, in ``0..n_batches-1``.
+    k
+        Neighbours of each sample searched in each other batch.
+    """
+    codes = np.asarray(codes)
+    n = len(codes)
+    out = np.zeros((n, n_batches), dtype=bool)
+    out[np.arange(n), codes] = True
+    present = [b for b in range(n_batches) if (codes == b).any()]
+    if len(present) < 2:
+        return out
+    rng = np.random.default_rng([seed, 3])
+    members = {b: np.flatnonzero(codes == b) for b in present}
+    searched = {
+        b: np.sort(rng.choice(idx, MNN_MAX_PER_BATCH, replace=False))
+        if len(idx) > MNN_MAX_PER_BATCH
+        else idx
+        for b, idx in members.items()
+    }
+    scores = _pca(X, np.concatenate(list(searched.values())), n_pcs, seed)
+    for a in present:
+        for b in present:
+            if b <= a:
+                continue
+            ia, ib = searched[a], searched[b]
+            # In small batches k neighbours would be most of the other batch, and every
+            # pair mutual: k shrinks to a fifth of the smaller batch there.
+            kk = max(1, min(k, math.ceil(MNN_SMALL_SHARE * min(len(ia), len(ib)))))
+            a_in_b = _knn(scores[ib], scores[ia], kk)  # (|a|, kk) positions in ib
+            b_in_a = _knn(scores[ia], scores[ib], kk)  # (|b|, kk) positions in ia
+            # i (position p in ia) and j (position q in ib) are mutual when q is among
+            # p's neighbours in b and p among q's neighbours in a.
+            back = np.repeat(np.arange(len(ib)), b_in_a.shape[1]) * len(ia) + b_in_a.ravel()
+            there = a_in_b * len(ia) + np.arange(len(ia))[:, None]  # (|a|, k) edge keys
+            mutual = np.isin(there, back)  # (|a|, k)
+            has_a = mutual.any(axis=1)  # a's samples with a partner in b
+            partners = np.unique(a_in_b[mutual])  # b's samples with a partner in a
+            out[ia[has_a], b] = True
+            out[ib[partners], a] = True
+    if smooth:
+        # Mutual pairs are sparse (cells at the edge of a type find them first): a sample
+        # takes the share of its own batch's neighbourhood that has a partner in b.
+        for a in present:
+            ia = searched[a]
+            kk = max(1, min(k, math.ceil(MNN_SMALL_SHARE * len(ia))))
+            near = _knn(scores[ia], scores[ia], kk)  # (|a|, kk), itself included
+            out[ia] = out[ia][near].mean(axis=1) >= SMOOTH_SHARE
+            out[ia, a] = True
+    for b in present:  # samples left out of the search take their nearest searched one's
+        rest = np.setdiff1d(members[b], searched[b], assume_unique=True)
+        if len(rest):
+            near = _knn(scores[searched[b]], scores[rest], 1)[:, 0]
+            out[rest] = out[searched[b][near]]
+    return out
+
+
+class Clustering(NamedTuple):
+    """What :func:`latent_clusters` finds (numpy; :class:`locusformer.model.losses.Clusters`
+    carries it as tensors)."""
+
+    center: np.ndarray  # (Z,)
+    centroids: np.ndarray  # (K, Z)
+    gate: np.ndarray  # (K, N) bool
+
+
+def latent_clusters(
+    z: np.ndarray,
+    codes: np.ndarray,
+    n_batches: int,
+    n_clusters: int,
+    seed: int,
+    *,
+    sigma: float = CLUSTER_SIGMA,
+    rounds: int = CLUSTER_ROUNDS,
+) -> Clustering:
+    """Soft clusters of latents ``z`` (n, Z), and which batches each cluster compares.
+
+    Soft k-means on the unit sphere about the latents' mean (cosine distance
+    2(1 - cos), softness ``sigma``, as Harmony's clusters; Korsunsky et al. 2019),
+    started from k-means. Found once the adversary is at full strength, the latent holds
+    the biology and little of the batch, so clusters follow cell types across batches.
+
+    Harmony's diversity penalty, which pushes every cluster to hold every batch, is left
+    out on purpose: it can gather cell types that different batches hold into one
+    cluster, where comparing the batches removes biology (the confounded pseudo-bulk
+    scored below the uncorrected data with it; BENCHMARKS.md, session 9). Without it, a
+    cluster that a batch shift has left to one batch closes its gate: that shift stays
+    (under-correction) rather than a cell type being lost.
+
+    Returns
+    -------
+    Clustering
+        center
+            (Z,) the latents' mean, subtracted before the cosine.
+        centroids
+            (K, Z) unit length.
+        gate
+            (K, N) bool: batch b holds cluster k's biology, with at least
+            :data:`CLUSTER_MIN_SHARE` of the cells it would hold if every cluster had the
+            batches' overall proportions (and two cells). A cell counts in its
+            nearest cluster, or by its soft shares when that cluster compares no two
+            batches.
+    """
+    from sklearn.cluster import KMeans
+
+    codes = np.asarray(codes)
+    center = z.mean(axis=0, dtype=np.float64)
+    zn = z - center  # about the centre, as Harmony's PCA scores are
+    zn /= np.maximum(np.linalg.norm(zn, axis=1, keepdims=True), 1e-12)
+    k = max(1, min(n_clusters, len(zn)))
+    centroids = KMeans(k, n_init=1, random_state=seed).fit(zn).cluster_centers_
+    for _ in range(rounds):
+        centroids /= np.maximum(np.linalg.norm(centroids, axis=1, keepdims=True), 1e-12)
+        logits = -2.0 * (1.0 - zn @ centroids.T) / sigma  # (n, K)
+        resp = np.exp(logits - logits.max(axis=1, keepdims=True))
+        resp /= resp.sum(axis=1, keepdims=True)
+        centroids = resp.T @ zn
+    centroids /= np.maximum(np.linalg.norm(centroids, axis=1, keepdims=True), 1e-12)
+    # A cell counts in its nearest cluster when that cluster already compares two
+    # batches, and by its soft shares when it does not. Soft shares alone let a batch's
+    # cells beside a cell type it lacks open that type's cluster (H838's, opened to the
+    # protocols by their H1975 cells: BENCHMARKS.md, session 24). Nearest clusters alone
+    # never open the clusters of a cell type the batch effect still splits in two, one
+    # per batch, so the term does not act until the adversary has mixed them (session
+    # 25). A cell whose own cluster holds one batch is either such a shifted type or a
+    # type only its batch holds; its soft share in a neighbour tells which.
+    home = resp.argmax(axis=1)
+    nearest = np.eye(k)[home]  # (n, K)
+    onehot = np.eye(n_batches)[codes]  # (n, N)
+    alone = _gates(nearest, onehot)[home].sum(axis=1) <= 1  # (n,)
+    gate = _gates(np.where(alone[:, None], resp, nearest), onehot)
+    return Clustering(center.astype(np.float32), centroids.astype(np.float32), gate)
+
+
+def _gates(weight: np.ndarray, onehot: np.ndarray) -> np.ndarray:
+    """(K, N) bool: batch n holds at least :data:`CLUSTER_MIN_SHARE` of its expected
+    cells of cluster k (and two cells), each cell counted by its ``weight`` (n, K) in the
+    clusters; ``onehot`` (n, N) the cells' batches."""
+    observed = weight.T @ onehot  # (K, N)
+    expected = weight.sum(axis=0)[:, None] * onehot.mean(axis=0)[None, :]
+    return (observed >= CLUSTER_MIN_SHARE * expected) & (observed >= 2.0)
+
+
+def covariate_levels(
+    samples: pd.DataFrame, columns: Sequence[str], source: str = "sample sheet"
+) -> np.ndarray:
+    """(n,) integer level of each sample's combination of the protected ``columns``.
+
+    A column of numbers (every value parses as one) is cut into :data:`NUMERIC_BINS`
+    quantile bins; any other column is categorical. An empty value is an error: a sample
+    whose biology is unknown cannot be protected.
+    """
+    if not columns:
+        raise InputError(source, "no protected column given")
+    parts = []
+    for column in columns:
+        if column not in samples.columns:
+            raise InputError(source, f"protected column {column!r} not found")
+        values = samples[column]
+        text = values.astype(str).str.strip()
+        if (values.isna() | (text == "")).any():
+            bad = samples.index[values.isna() | (text == "")][0]
+            raise InputError(source, f"empty {column!r} for sample {bad!r}")
+        numbers = pd.to_numeric(values, errors="coerce")
+        if numbers.notna().all() and numbers.nunique() > NUMERIC_BINS:
+            bins = pd.qcut(numbers.rank(method="first"), NUMERIC_BINS, labels=False)
+            parts.append(bins.astype(int).astype(str).to_numpy())
+        else:
+            parts.append(text.to_numpy())
+    joined = pd.Series(["\x1f".join(t) for t in zip(*parts, strict=True)])
+    return pd.factorize(joined, sort=True)[0].astype(np.int64)
+
+
+def level_batches(codes: np.ndarray, levels: np.ndarray, n_batches: int) -> np.ndarray:
+    """(n, N) bool: whether batch b holds a sample of the sample's covariate level."""
+    codes, levels = np.asarray(codes), np.asarray(levels)
+    table = np.zeros((levels.max() + 1, n_batches), dtype=bool)
+    table[levels, codes] = True
+    return table[levels]
+
+
+def target_prior(
+    holds: np.ndarray, codes: np.ndarray, levels: np.ndarray | None = None
+) -> np.ndarray:
+    """(n, N) float32 adversary target of each sample.
+
+    The batch frequencies (within the sample's covariate level when ``levels`` is given,
+    else overall), kept on the batches that ``holds`` marks and renormalized to sum to 1.
+    """
+    codes = np.asarray(codes)
+    n, n_batches = holds.shape
+    if levels is None:
+        levels = np.zeros(n, dtype=np.int64)
+    counts = np.zeros((levels.max() + 1, n_batches))
+    np.add.at(counts, (levels, codes), 1.0)
+    prior = counts[levels] * holds  # (n, N)
+    return (prior / prior.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+def adversary_targets(
+    X: Any,
+    codes: np.ndarray,
+    n_batches: int,
+    alignment: str,
+    neighbors: int,
+    levels: np.ndarray | None,
+    seed: int,
+) -> np.ndarray | None:
+    """(n, N) adversary target of every sample, or None for the batch frequencies alone.
+
+    ``alignment="shared"`` keeps each sample's target on the batches that hold its
+    biology (:func:`shared_batches`, label-free, on the standardized rows ``X``);
+    protected ``levels`` ((n,), :func:`covariate_levels`) keep it on the batches that hold
+    its level, at that level's batch frequencies. "global" without levels: None.
+    """
+    if alignment == "global" and levels is None:
+        return None
+    holds = np.ones((len(codes), n_batches), dtype=bool)
+    if alignment == "shared":
+        holds &= shared_batches(X, codes, n_batches, k=neighbors, seed=seed)
+    if levels is not None:
+        holds &= level_batches(codes, levels, n_batches)
+    return target_prior(holds, codes, levels)
+
+
+NEVER_COMPARED = (
+    "training: no latent cluster held a fair share of two batches in any epoch, so the "
+    "cluster term never acted: either the batches share no biology, or the batch effect "
+    "is still in the latent; check the batch-mixing scores (BENCHMARKS.md, session 23)"
+)
+
+
+def never_compared(history: pd.DataFrame) -> bool:
+    """Whether the cluster term found latent clusters in some epoch and, in every one,
+    none held a fair share of two batches: it never acted.
+
+    Then either the batches share no biology, or the latent stayed split by batch
+    because the adversary alone did not mix the batches before the run ended. The
+    second left test_correct's data (300 samples, a strong shift, both batches holding
+    every group) wholly uncorrected at the default settings: batch probe 1.0 on every
+    seed. Comparing whole batches in such epochs fixed that and cost the confounded
+    pseudo-bulk, where the batches' biology differs (BENCHMARKS.md, session 23), so
+    training warns rather than choosing.
+    """
+    compared = history["clusters_compared"].dropna()
+    return len(compared) > 0 and bool((compared == 0).all())

@@ -1,0 +1,574 @@
+"""Training a :class:`~locusformer.model.network.LocusFormer`: the epoch loop and its schedule.
+
+One seed fixes everything: the model's initial weights, the validation split, the
+shuffling (a dedicated ``torch.Generator``) and dropout. On CPU the run is bit-identical
+for a seed, and a run interrupted and resumed from its checkpoint ends where an
+uninterrupted one ends. The objective itself is :meth:`LocusFormer.loss`; this module
+decides when each of its terms weighs what, and steps the optimizer.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from locusformer.errors import InputError, TrainingDivergedError
+from locusformer.io import atomic
+from locusformer.io.samples import read_batches
+from locusformer.model.config import ModelConfig, TrainConfig, split_params
+from locusformer.model.files import ModelRecord, TrainedModel, cpu_state, load_model, save_model
+from locusformer.model.layout import build_layout
+from locusformer.model.losses import Clusters
+from locusformer.model.network import LocusFormer, Loss, LossWeights
+from locusformer.train.alignment import (
+    CLUSTER_MAX_SAMPLES,
+    CLUSTER_SIGMA,
+    NEVER_COMPARED,
+    adversary_targets,
+    latent_clusters,
+    never_compared,
+)
+from locusformer.train.checkpoint import TrainingState, fingerprint, resume, save_checkpoint
+from locusformer.train.data import (
+    Rows,
+    StandardizedRows,
+    as_matrix,
+    batch_prior,
+    column_stats,
+    minibatches,
+    row_blocks,
+    stratified_split,
+)
+from locusformer.train.distributed import Dist, gather_rows, init_distributed
+from locusformer.train.epoch_checks import check_finite, clusters_compared, loss_means, validate
+from locusformer.train.runtime import autocast, deterministic, seed_everything
+from locusformer.train.schedule import (
+    EpochPlan,
+    WarmupCosine,
+    configure_optimizer,
+    epoch_plan,
+    epoch_rows,
+    loss_weights,
+    ramp_at,
+    validation_rows,
+)
+
+HISTORY_COLUMNS = [
+    "epoch",
+    *(f"train_{name}" for name in Loss._fields),
+    "val_recon",
+    "train_disc_acc",
+    "val_disc_acc",
+    # Latent clusters in which the cluster term compared batches this epoch (NaN: no
+    # clustering this epoch; 0: none held a fair share of two batches, the term is 0).
+    "clusters_compared",
+    "lr",
+    "adversary_weight",
+    "seconds",
+]
+
+
+def _write_history(path: str | os.PathLike, history: list[dict[str, float]]) -> None:
+    frame = pd.DataFrame(history, columns=HISTORY_COLUMNS)
+    with atomic.atomic_path(path) as tmp:
+        frame.to_csv(tmp, sep="\t", index=False)
+
+
+@dataclass
+class _Run:
+    """The fixed parts of one training run."""
+
+    model: LocusFormer
+    Xs: Rows  # (n, L) standardized expression, on the host or read from disk
+    codes: torch.Tensor  # (n,) batch codes
+    train_rows: torch.Tensor
+    val_rows: np.ndarray
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    generator: torch.Generator  # shuffling
+    tc: TrainConfig
+    device: torch.device
+    fingerprint: str
+    n_bad_inputs: int  # non-finite input values, for the divergence message
+    plan: EpochPlan  # the epochs to run, and what one is
+    dist: Dist | None = None  # set when training with DistributedDataParallel
+    forward: torch.nn.Module | None = None  # the DDP wrapper of model (None: model)
+    seed: int = 0
+    batch_prior: torch.Tensor | None = None  # (N,) batch frequencies of the training rows
+    # (n, N) on the host: each sample's adversary target (see locusformer.train.alignment);
+    # None: batch_prior for every sample.
+    targets: torch.Tensor | None = None
+    levels: torch.Tensor | None = None  # (n,) on the host: protected levels, or None
+
+
+def train_corrector(
+    X: np.ndarray | pd.DataFrame,
+    batch_labels: Sequence[str],
+    loci: pd.DataFrame,
+    model_config: ModelConfig | Mapping[str, Any] | None = None,
+    train_config: TrainConfig | Mapping[str, Any] | None = None,
+    *,
+    seed: int,
+    device: str | torch.device = "auto",
+    checkpoint_path: str | os.PathLike | None = None,
+    log_path: str | os.PathLike | None = None,
+    progress: bool = True,
+    on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
+    covariates: np.ndarray | None = None,
+) -> tuple[TrainedModel, pd.DataFrame]:
+    """Train a batch corrector on ``X`` (samples x loci log-expression, genomic order).
+
+    Parameters
+    ----------
+    batch_labels
+        One batch name per sample. Cell-type labels are never an input.
+    loci
+        One row per column of ``X`` (``gene_id``, ``chrom``, ``start``, ...).
+    seed
+        Fixes initial weights, validation split, shuffling and dropout.
+    device
+        "auto" (CUDA if available, else CPU), "cpu", "cuda" or "cuda:N".
+    checkpoint_path
+        Written atomically after every epoch; an existing checkpoint of the same run
+        (same data, configs and seed) is resumed, any other is ignored with a warning.
+    log_path
+        Per-epoch TSV of the history, rewritten after every epoch.
+    on_epoch_end
+        Called with (epoch, history row) after each epoch's checkpoint is written.
+    covariates
+        (n,) integer level of each sample's protected biology
+        (:func:`locusformer.train.alignment.covariate_levels`): batch is removed only within
+        each level, as ComBat's ``mod`` does. None: label-free.
+
+    Returns
+    -------
+    The model with the best weights (lowest validation reconstruction once the adversary
+    is at full strength), in eval mode, and the per-epoch history.
+    """
+    mc = (
+        model_config
+        if isinstance(model_config, ModelConfig)
+        else ModelConfig.from_dict(model_config)
+    )
+    tc = (
+        train_config
+        if isinstance(train_config, TrainConfig)
+        else TrainConfig.from_dict(train_config)
+    )
+    mc.validate()
+    tc.validate()
+    X = as_matrix(X)
+    labels = [str(b) for b in batch_labels]
+    n, L = X.shape
+    if len(labels) != n:
+        raise InputError("batch labels", f"{len(labels)} labels for {n} samples")
+    if len(loci) != L:
+        raise InputError("loci table", f"{len(loci)} rows for {L} loci (columns of X)")
+    if n < 2:
+        raise InputError("expression matrix", f"need at least 2 samples, got {n}")
+    batch_names = sorted(set(labels))
+    codes = np.array([batch_names.index(b) for b in labels], dtype=np.int64)
+    if covariates is not None:
+        covariates = np.asarray(covariates, dtype=np.int64)
+        if covariates.shape != (n,) or covariates.min(initial=0) < 0:
+            raise InputError("covariates", f"expected {n} levels >= 0, got {covariates.shape}")
+    gene_ids = loci["gene_id"].astype(str).tolist() if "gene_id" in loci.columns else None
+    dist, dev = init_distributed(tc.devices, device)
+    try:
+        n_bad_inputs = sum(int(block.size - np.isfinite(block).sum()) for block in row_blocks(X))
+        return _train(
+            X, labels, loci, mc, tc, seed, dev, dist, codes, batch_names, gene_ids,
+            n_bad_inputs, checkpoint_path, log_path, progress, on_epoch_end, covariates,
+        )  # fmt: skip
+    finally:
+        if dist is not None and dist.owns_group:
+            torch.distributed.destroy_process_group()
+
+
+def _train(
+    X: np.ndarray,
+    labels: list[str],
+    loci: pd.DataFrame,
+    mc: ModelConfig,
+    tc: TrainConfig,
+    seed: int,
+    dev: torch.device,
+    dist: Dist | None,
+    codes: np.ndarray,
+    batch_names: list[str],
+    gene_ids: list[str] | None,
+    n_bad_inputs: int,
+    checkpoint_path: str | os.PathLike | None,
+    log_path: str | os.PathLike | None,
+    progress: bool,
+    on_epoch_end: Callable[[int, dict[str, float]], None] | None,
+    covariates: np.ndarray | None,
+) -> tuple[TrainedModel, pd.DataFrame]:
+    rank0 = dist is None or dist.rank == 0
+
+    with deterministic(dev.type == "cpu"):
+        seed_everything(seed)
+        train_idx, val_idx = stratified_split(codes, tc.val_fraction, seed)
+        val_idx = validation_rows(val_idx, seed)
+        mean, std = column_stats(X, train_idx)
+        layout = build_layout(loci, mc.patch_size, mc.position_scale, mc.coordinate_unit)
+        model = LocusFormer(mc, layout, len(batch_names))
+        model.set_standardization(mean, std)
+        model.to(dev)
+        if tc.compile:
+            # In place: parameter names, and so checkpoints and saved models, stay as
+            # without compilation.
+            model.encoder.compile()
+        Xs = Rows(X, model.gene_mean.cpu(), model.gene_std.cpu())
+        codes_t = torch.from_numpy(codes)
+
+        optimizer = configure_optimizer(model, tc)
+        plan = epoch_plan(len(train_idx), tc)
+        total_steps = (plan.steps or math.ceil(len(train_idx) / tc.batch_size)) * plan.epochs
+        warmup_steps = max(1, round(tc.warmup_fraction * total_steps))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, WarmupCosine(total_steps, warmup_steps)
+        )
+        generator = torch.Generator().manual_seed(seed)
+        state = TrainingState()
+        fp = fingerprint(X, labels, loci, mc, tc, seed, covariates)
+        if checkpoint_path is not None:
+            state = resume(checkpoint_path, fp, model, optimizer, scheduler, generator) or state
+        forward = None
+        if dist is not None:
+            # Same seed everywhere: identical initial weights (DDP also broadcasts rank
+            # 0's), validation split and shuffling; each process takes its share of every
+            # global batch.
+            forward = torch.nn.parallel.DistributedDataParallel(
+                model,
+                device_ids=[dev.index] if dev.type == "cuda" else None,
+                # The buffers (standardization, layout) are the same everywhere and fixed.
+                forward_sync_buffers=False,
+            )
+
+        bar = tqdm(
+            total=plan.epochs,
+            initial=state.epoch,
+            desc="train",
+            unit="epoch",
+            file=sys.stderr,
+            disable=not progress or not rank0,
+            leave=False,
+            # A log file (the workflow's case) gets a line every 30 s, not every epoch.
+            mininterval=0.1 if sys.stderr.isatty() else 30.0,
+        )
+        targets = adversary_targets(
+            StandardizedRows(Xs), codes, len(batch_names), tc.alignment,
+            tc.alignment_neighbors, covariates, seed,
+        )  # fmt: skip
+        run = _Run(
+            model, Xs, codes_t, torch.from_numpy(train_idx), val_idx, optimizer, scheduler,
+            generator, tc, dev, fp, n_bad_inputs, plan, dist, forward, seed,
+            batch_prior(codes[train_idx], len(batch_names), dev),
+            None if targets is None else torch.from_numpy(targets),
+            None if covariates is None else torch.from_numpy(covariates),
+        )  # fmt: skip
+        with bar:
+            _train_epochs(
+                run,
+                state,
+                checkpoint_path if rank0 else None,
+                log_path if rank0 else None,
+                on_epoch_end,
+                bar,
+            )
+
+    if state.best_state is not None:
+        model.load_state_dict(state.best_state)
+    model.eval()
+    if log_path is not None and rank0:
+        _write_history(log_path, state.history)
+    record = ModelRecord(batch_names, gene_ids, loci=loci.reset_index(drop=True), seed=seed)
+    history = pd.DataFrame(state.history, columns=HISTORY_COLUMNS)
+    if rank0 and never_compared(history):
+        warnings.warn(NEVER_COMPARED, stacklevel=3)
+    return TrainedModel(model, record), history
+
+
+def _train_epochs(
+    run: _Run,
+    state: TrainingState,
+    checkpoint_path: str | os.PathLike | None,
+    log_path: str | os.PathLike | None,
+    on_epoch_end: Callable[[int, dict[str, float]], None] | None,
+    bar: tqdm,
+) -> None:
+    """Run epochs until ``run.plan.epochs`` or early stopping, updating ``state`` in place."""
+    tc, model = run.tc, run.model
+    rampup, patience = run.plan.rampup(tc), run.plan.patience(tc)
+    if state.extended:
+        run.plan = run.plan._replace(epochs=run.plan.epochs + run.plan.extension(tc))
+    while state.epoch < run.plan.epochs and not state.stopped:
+        epoch = state.epoch  # 0-based index of the epoch about to run
+        t0 = time.perf_counter()
+        ramp = ramp_at(epoch, rampup)
+        weights = loss_weights(tc, ramp)
+        # Under DDP every process finds the same clusters (same weights, rows and seed),
+        # so all of them take the same decision.
+        clusters = _epoch_clusters(run, weights, epoch)
+        compared = float("nan") if clusters is None else float(clusters_compared(clusters))
+        if clusters is not None and not state.extended and _all_shared(clusters, epoch, rampup):
+            state.extended = _extend(run)
+            bar.total = run.plan.epochs
+        model.train()
+        row = {"epoch": epoch + 1, **_run_epoch(run, weights, clusters, epoch)}
+        row["clusters_compared"] = compared
+        row.update(
+            validate(model, run.Xs, run.codes, run.val_rows, tc.batch_size, run.device, run.dist)
+        )
+        row["lr"] = run.scheduler.get_last_lr()[0]
+        row["adversary_weight"] = ramp * tc.adversary_weight
+        row["seconds"] = time.perf_counter() - t0
+        state.history.append(row)
+
+        # Early stopping only once the adversary is at full strength: before, the
+        # lowest reconstruction loss belongs to the least batch-corrected model.
+        monitored = row["val_recon"] if len(run.val_rows) else row["train_recon"]
+        if epoch + 1 >= rampup:
+            if monitored < state.best_loss:
+                state.best_loss = monitored
+                state.best_state = cpu_state(model)
+                state.bad_epochs = 0
+            else:
+                state.bad_epochs += 1
+                state.stopped = 0 < patience <= state.bad_epochs
+        state.epoch = epoch + 1
+
+        if checkpoint_path is not None:
+            save_checkpoint(
+                checkpoint_path,
+                run.fingerprint,
+                model,
+                run.optimizer,
+                run.scheduler,
+                run.generator,
+                state,
+            )
+        if log_path is not None:
+            _write_history(log_path, state.history)
+        bar.set_postfix(
+            recon=f"{row['train_recon']:.3f}",
+            val=f"{row['val_recon']:.3f}",
+            acc=f"{row['train_disc_acc']:.2f}",
+            refresh=False,  # update() redraws, at most once per mininterval
+        )
+        bar.update(1)
+        if on_epoch_end is not None:
+            on_epoch_end(epoch + 1, row)
+
+
+def _step(run: _Run, total: torch.Tensor) -> None:
+    """One optimizer step on ``total``, clipped, and the schedule's step."""
+    run.optimizer.zero_grad(set_to_none=True)
+    total.backward()  # under DDP, the gradients are averaged over the processes here
+    if run.tc.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.tc.grad_clip)
+    run.optimizer.step()
+    run.scheduler.step()
+
+
+def _all_shared(clusters: Clusters, epoch: int, rampup: float) -> bool:
+    """Whether ``epoch`` is the cluster term's first and every batch holds a fair share
+    of every cluster (every gate open)."""
+    return (epoch == 0 or ramp_at(epoch - 1, rampup) < 1.0) and bool(clusters.gate.all())
+
+
+def _extend(run: _Run) -> bool:
+    """Add ``plan.extension`` epochs to the run, the learning rate's remaining decay
+    spread over them; returns whether any were added."""
+    extra = run.plan.extension(run.tc)
+    if extra:
+        per_epoch = run.plan.steps or math.ceil(len(run.train_rows) / run.tc.batch_size)
+        for schedule in run.scheduler.lr_lambdas:  # one object per group; stretch is idempotent
+            schedule.stretch(run.scheduler.last_epoch, extra * per_epoch)
+        run.plan = run.plan._replace(epochs=run.plan.epochs + extra)
+    return extra > 0
+
+
+def _run_epoch(
+    run: _Run, weights: LossWeights, clusters: Clusters | None, epoch: int
+) -> dict[str, float]:
+    """One pass over the training rows; returns mean losses and discriminator accuracy."""
+    if run.dist is not None:
+        return _run_epoch_distributed(run, weights, clusters, epoch)
+    model, tc, dev = run.model, run.tc, run.device
+    order = epoch_rows(run.train_rows, run.plan, tc.batch_size, run.generator)
+    # Per-step losses stay on the device (no sync per step); checked once per epoch.
+    per_step, correct, seen = [], 0, 0
+    batches = minibatches(run.Xs, run.codes, order, tc.batch_size, dev, run.targets)
+    for (xb, bb, tb), rows in zip(batches, order.split(tc.batch_size), strict=True):
+        with autocast(dev):
+            out = model(
+                xb, bb, adversary_weight=weights.confusion, adversary=tc.adversary,
+                cycle_batch=_other_batches(bb, model.n_batches, weights, run.generator),
+            )  # fmt: skip
+        prior = run.batch_prior if tb is None else tb
+        levels = None if run.levels is None else run.levels.index_select(0, rows).to(dev)
+        loss = model.loss(xb, bb, out, weights, prior, clusters=clusters, levels=levels)
+        _step(run, loss.total)
+        per_step.append(torch.stack(list(loss)).detach())
+        correct += (out.batch_logits.argmax(-1) == bb).sum()
+        seen += len(bb)
+    losses = torch.stack(per_step).cpu()  # (steps, terms)
+    check_finite(losses, epoch, run.n_bad_inputs)
+    return {**loss_means(losses), "train_disc_acc": float(correct) / max(1, seen)}
+
+
+def _epoch_clusters(run: _Run, weights: LossWeights, epoch: int) -> Clusters | None:
+    """The latent's soft clusters at the start of ``epoch``, when the batch means are
+    compared within clusters (``batch_mean_scope="clusters"``) and weigh something in
+    this epoch's ``weights``; else None.
+
+    Found on the training rows' latents in eval mode (at most
+    :data:`~locusformer.train.alignment.CLUSTER_MAX_SAMPLES`, drawn from their own seeded stream
+    so the shuffling is as without them): a function of the weights at the epoch's start,
+    so a run resumed from a checkpoint finds the same clusters.
+    """
+    tc, model = run.tc, run.model
+    if tc.batch_mean_scope != "clusters" or not weights.batch_mean:
+        return None
+    rows = run.train_rows
+    if len(rows) > CLUSTER_MAX_SAMPLES:
+        rng = np.random.default_rng([run.seed, 4, epoch])
+        rows = rows[np.sort(rng.choice(len(rows), CLUSTER_MAX_SAMPLES, replace=False))]
+    found = latent_clusters(
+        _latents(run, rows), run.codes[rows].numpy(), model.n_batches,
+        tc.batch_mean_clusters, seed=run.seed,
+    )  # fmt: skip
+    tensors = (torch.from_numpy(a).to(run.device) for a in found)
+    return Clusters(*tensors, CLUSTER_SIGMA, cover=tc.batch_mean_cover)
+
+
+def _latents(run: _Run, rows: torch.Tensor) -> np.ndarray:
+    """(len(rows), Z) float32 latents of the training matrix's ``rows``, in eval mode;
+    the model's mode is restored after."""
+    model = run.model
+    was_training = model.training
+    model.eval()
+    latents = []
+    with torch.inference_mode():
+        batch_size = max(run.tc.batch_size, 256)
+        for xb, _, _ in minibatches(run.Xs, run.codes, rows, batch_size, run.device):
+            with autocast(run.device):
+                latents.append(model.encode(xb)[0].float().cpu())
+    model.train(was_training)
+    return torch.cat(latents).numpy()
+
+
+def _other_batches(
+    batch: torch.Tensor, n_batches: int, weights: LossWeights, generator: torch.Generator
+) -> torch.Tensor | None:
+    """(B,) a batch other than each sample's own, uniformly, for the cycle term; None
+    when the term weighs nothing (no draw: the random stream stays as without it)."""
+    if not weights.cycle or n_batches < 2:
+        return None
+    shift = torch.randint(1, n_batches, batch.shape, generator=generator)
+    return (batch + shift.to(batch.device)) % n_batches
+
+
+def _run_epoch_distributed(
+    run: _Run, weights: LossWeights, clusters: Clusters | None, epoch: int
+) -> dict[str, float]:
+    """One epoch under DDP: the update one process makes on the same global batches.
+
+    Every process draws the same permutation and takes a contiguous share of each global
+    batch. The per-sample terms weigh the share's size (``LocusFormer.loss``'s
+    ``share``), so that DDP's gradient average is the gradient of the global mean. The
+    batch-statistic terms (whitened batch-mean distance, MMD) need the whole batch: the
+    latents are gathered (with gradient) and every process computes the same value.
+    """
+    model, tc, dev, dist = run.model, run.tc, run.device, run.dist
+    assert dist is not None and run.forward is not None
+    # Dropout differs between processes and is reproducible on resume, without saving
+    # every process's random state.
+    stream = np.random.SeedSequence([run.seed, 2, epoch, dist.rank])
+    torch.manual_seed(int(stream.generate_state(1)[0]))
+    order = epoch_rows(run.train_rows, run.plan, tc.batch_size, run.generator)
+    cuda = dev.type == "cuda"
+    per_step, correct, seen = [], torch.zeros((), device=dev), 0
+    for chunk in order.split(tc.batch_size):
+        shares = chunk.tensor_split(dist.world)
+        sizes = [len(share) for share in shares]
+        rows = shares[dist.rank]
+        share = len(rows) * dist.world / len(chunk)  # 0 for a process without rows
+        if len(rows) == 0:
+            rows = chunk[:1]  # a step of weight 0: every process takes part in each step
+        xb, bb = run.Xs.index_select(0, rows), run.codes.index_select(0, rows)
+        if cuda:
+            xb, bb = xb.pin_memory(), bb.pin_memory()
+        xb, bb = xb.to(dev, non_blocking=cuda), bb.to(dev, non_blocking=cuda)
+        # Drawn for the whole global batch, identically everywhere (the processes share
+        # the shuffling generator's state), then each takes its share.
+        cycle = _other_batches(
+            run.codes.index_select(0, chunk), model.n_batches, weights, run.generator
+        )
+        if cycle is not None:
+            start = sum(sizes[: dist.rank]) if sizes[dist.rank] else 0
+            cycle = cycle[start : start + len(rows)].to(dev, non_blocking=cuda)
+        with autocast(dev):
+            out = run.forward(
+                xb, bb, adversary_weight=weights.confusion, adversary=tc.adversary,
+                cycle_batch=cycle,
+            )  # fmt: skip
+        z_all = gather_rows(out.latent, sizes, dist.rank)
+        b_all = run.codes.index_select(0, chunk).to(dev, non_blocking=cuda)
+        prior, t_all = run.batch_prior, None
+        if run.targets is not None:
+            prior = run.targets.index_select(0, rows).to(dev, non_blocking=cuda)
+            t_all = run.targets.index_select(0, chunk).to(dev, non_blocking=cuda)
+        levels = None if run.levels is None else run.levels.index_select(0, chunk).to(dev)
+        stats = (z_all, b_all, t_all, levels)
+        loss = model.loss(xb, bb, out, weights, prior, share=share, stats=stats, clusters=clusters)
+        _step(run, loss.total)
+        # This process's parts of the global means; summed over the processes below.
+        w = share / dist.world
+        per_sample = [loss.recon * w, loss.adversary * w, loss.confusion * w, loss.cycle * w]
+        stats = [loss.batch_mean / dist.world, loss.mmd / dist.world, loss.level_mean / dist.world]
+        per_step.append(torch.stack(per_sample + stats).detach().float())
+        if sizes[dist.rank]:
+            correct = correct + (out.batch_logits.argmax(-1) == bb).sum()
+            seen += len(bb)
+    losses = torch.stack(per_step)  # (steps, terms without the total)
+    counts = torch.stack([correct.float(), torch.tensor(float(seen), device=dev)])
+    losses, counts = losses.to(dist.comm_device), counts.to(dist.comm_device)
+    torch.distributed.all_reduce(losses)
+    torch.distributed.all_reduce(counts)
+    losses = losses.cpu()
+    recon, adversary, confusion, cycle, batch_mean, mmd, level_mean = losses.unbind(dim=1)
+    total = recon + adversary + weights.confusion * confusion + weights.cycle * cycle
+    total = total + weights.ramp * (weights.batch_mean * batch_mean + weights.mmd * mmd)
+    total = total + weights.level_mean * level_mean
+    losses = torch.cat([losses, total[:, None]], dim=1)  # (steps, terms) as on one process
+    check_finite(losses, epoch, run.n_bad_inputs)
+    right, total_seen = counts.tolist()
+    return {**loss_means(losses), "train_disc_acc": right / max(1.0, total_seen)}
+
+
+__all__ = [
+    "HISTORY_COLUMNS",
+    "ModelConfig",
+    "TrainConfig",
+    "TrainedModel",
+    "TrainingDivergedError",
+    "load_model",
+    "read_batches",
+    "save_model",
+    "split_params",
+    "train_corrector",
+]
