@@ -16,7 +16,7 @@ failure can come from, on test_correct's data (tests/quality_probe.py):
    weights. A latent that differs between the two copies means the compiled *inference*
    is wrong, not the training.
 
-Session 23's answer (BENCHMARKS.md): no compiler fault found. Compiled and eager steps
+The answer (docs/notes/2026-12-04.md): no compiler fault found. Compiled and eager steps
 agree to fp32 rounding in fp32; session 22's failure was seed 0's gates not opening within the run,
 which compiled seeds 1-5 and every eager seed did.
 

@@ -7,7 +7,7 @@ scib-metrics installed, and prints every (method, metric) whose value differs, t
 absolute difference, and each run's wall time.
 
     # /tmp/sm06: Python 3.12 with scib-metrics 0.6.1 and requirements.lock's pins of the
-    # rest the metrics job imports (the install command: BENCHMARKS.md, session 15)
+    # rest the metrics job imports (the install command: docs/notes/2026-12-02.md)
     .venv/bin/python benchmarks/scib_versions.py results/cellbench_demo \
         --batch-key protocol --label-key cell_line --other /tmp/sm06/bin/python
 

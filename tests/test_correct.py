@@ -96,7 +96,7 @@ def test_history_of_the_real_run(with_batch_effect) -> None:
 def test_warns_when_the_cluster_term_never_acted() -> None:
     """The default settings on this data (300 samples, a strong shift) never mix the
     batches enough for a latent cluster to hold both: the term never acts and the batch
-    stays whole (session 23: batch probe 1.0 on seeds 0-5). Training says so."""
+    stays whole (batch probe 1.0 on seeds 0-5). Training says so."""
     sim = simulate(**DATA)
     labels = [f"b{b}" for b in sim.batch]
     with pytest.warns(UserWarning, match="cluster term never acted"):

@@ -233,9 +233,8 @@ def _step(model, x, b, autocast: bool):
 def test_compiled_encoder_computes_the_eager_training_step(sim, autocast):
     """training.compile: the compiled encoder's step is the eager one's, to rounding.
 
-    Session 22 refused compile on CUDA after a compiled run kept the batch; session 23
-    found no compiler fault (this step, H200: latent 1e-7 apart in fp32, 2e-5 in bf16)
-    and that run's cause in its seed (BENCHMARKS.md, session 23).
+    A compiled run that kept the batch was traced to its seed, not to the compiler
+    (this step, H200: latent 1e-7 apart in fp32, 2e-5 in bf16; issue 42).
     """
     mc = ModelConfig(**MODEL)
     torch.manual_seed(0)

@@ -1,7 +1,7 @@
 """Quality benchmark: LocusFormer against ComBat, Harmony, scVI and SysVI on CellBench tasks.
 
 Runs the workflow itself (same rules, same scoring) once per (variant, seed) in its own
-directory under ``--out``, then writes the tables of BENCHMARKS.md's quality section:
+directory under ``--out``, then writes the quality tables (first kept in docs/notes/2026-11-30.md):
 mean and standard deviation over seeds per task and method (one table per task, and per
 task again for a variant that runs baselines of its own), the ablations, and the bar
 checks of issue 5. Needs ``../shared/data`` (the CellBench files). The batch x line

@@ -12,7 +12,7 @@ from typing import Literal
 from locusformer.io.memory import available_memory
 
 #: SysVI trains a fixed 200 epochs, so its time grows with the samples: 74 s for 1,021
-#: samples on 2 CPU cores (BENCHMARKS.md, session 9), about 2 h at 100,000
+#: samples on 2 CPU cores (issue 18), about 2 h at 100,000
 SYSVI_CPU_MAX_SAMPLES: int = 50_000
 #: dense float32 copies of the count matrix scVI's setup holds at once (the table read from
 #: counts.parquet and the array given to scvi-tools)

@@ -71,7 +71,7 @@ def _order_loci(args: argparse.Namespace) -> None:
 
     run_order_loci(
         matrix=args.matrix,
-        genes=args.genes,
+        annotation_path=args.genes,
         gene_id=args.gene_id,
         unplaced=args.unplaced,
         order=args.order,

@@ -68,7 +68,7 @@ BLOCK_VALUES = 1 << 22
 #: Samples per chunk of the model's forward pass. Small enough that a chunk's activations
 #: (the feed-forward layer's are chunk x tokens x 256 floats) stay in the heap and in cache:
 #: on CPU, 64 (4.9 MB of them) ran the model as fast as 128 and 1.1x as fast as 256, and
-#: correct at 100k held 70 MB less than with 128 (BENCHMARKS.md, "Scaling").
+#: correct at 100k held 70 MB less than with 128 (issue 15).
 CHUNK_SIZE = 64
 
 

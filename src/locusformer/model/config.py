@@ -172,7 +172,7 @@ class TrainConfig:
     # "reversal": the discriminator's gradient, reversed, which pushes them toward regions
     # where it is sure of another batch. With batches of different cell-type mixtures,
     # reversal pulled cells into cell types their batch lacks (CellBench's five sets:
-    # protocol H1975 cells into the plate-only lines; BENCHMARKS.md).
+    # protocol H1975 cells into the plate-only lines; issue 18).
     adversary: Adversary = "confusion"
     # Weight of the adversary's term for the encoder. 0.3 rather than 0.1 under
     # "confusion": two-protocol task 0.917 against 0.908, five sets 0.840 against 0.844
@@ -189,7 +189,7 @@ class TrainConfig:
     # counted in its nearest cluster unless that cluster compares no two batches)
     # (locusformer.train.alignment.latent_clusters). "batches": whole batches, which asks
     # batches holding different mixtures of cell types to have equal means and removed
-    # the biology wherever they did (BENCHMARKS.md, sessions 8 and 9: skewed five sets
+    # the biology wherever they did (issue 18: skewed five sets
     # 0.616 against 0.799, confounded pseudo-bulk 0.531 against 0.751, seed 0).
     batch_mean_scope: BatchMeanScope = "clusters"
     # Clusters of the "clusters" scope. Each minibatch estimates a mean per cluster and
@@ -200,7 +200,7 @@ class TrainConfig:
     # there holds its biology (losses.cluster_cover): the edge cells of a cell type that
     # some batches lack, spread by the soft assignment into a neighbouring shared
     # cluster, are not compared there with batches that hold only the neighbour, which
-    # drew the type into it (BENCHMARKS.md, session 24: plate 2's reference, H838 into
+    # drew the type into it (issue 14: plate 2's reference, H838 into
     # H1975; label transfer 0.980 -> 0.998, mapped total 0.841 -> 0.858, three seeds).
     # Where every gate is open it changes nothing.
     batch_mean_cover: bool = True
@@ -208,14 +208,14 @@ class TrainConfig:
     # cluster term acting through them, when at its first epoch every cluster holds a
     # fair share of every batch: the batches hold the same biology, so no cell type is
     # drawn toward one that some batch lacks, which is how a longer term collapses
-    # batches of different mixtures (BENCHMARKS.md, session 12).
+    # batches of different mixtures (issue 18).
     # Where any cluster is left to some batches the run is as without it. 0 disables it.
     shared_extension: float = 0.5
     # With protected covariates only: weight of the batch's share of the latent's
     # variance within each protected level (losses.level_batch_share), from the first
     # epoch. The adversary alone, told the levels, left the batch in the confounded
     # pseudo-bulk (0.768 against ComBat with mod's 0.784; with the term 0.787, three
-    # seeds; BENCHMARKS.md, session 11). No effect without protected covariates.
+    # seeds; issue 18). No effect without protected covariates.
     level_mean_weight: float = 1.0
     mmd_weight: float = 0.0
     # Which batches each sample is aligned with (locusformer.train.alignment). "shared": only
@@ -263,7 +263,7 @@ class TrainConfig:
     data_on_disk: DataOnDisk = "auto"
     # torch.compile the encoder (the attention blocks, where the time goes); the first
     # steps pay the compilation (tens of seconds). Off by default: on the one GPU
-    # measured (an H200) it was not faster (BENCHMARKS.md, sessions 22 and 23).
+    # measured (an H200) it was not faster (issue 42).
     compile: bool = False
 
     @classmethod

@@ -142,7 +142,7 @@ def cluster_cover(resp: Tensor, gate: Tensor, batch: Tensor, n_batches: int) -> 
     clusters. Where a cell type that some batches lack borders one that every batch
     holds, its edge cells then count in the shared cluster, in their batches' means
     there, and comparing those means with the other batches' draws the type into its
-    neighbour (plate 2's reference, BENCHMARKS.md session 24). Batch n lacks sample
+    neighbour (plate 2's reference; issue 14). Batch n lacks sample
     i's biology as far as i's clusters are closed to n: lacks[i, n] = sum_k resp[i, k]
     (1 - gate[k, n]), 0 for its own batch. Its cover in cluster k is 1 minus the most
     that a batch compared there lacks it: 1 where every one of them holds it (exactly,
@@ -233,7 +233,7 @@ def level_batch_share(z: Tensor, batch: Tensor, levels: Tensor, n_batches: int) 
     Not whitened, unlike :func:`batch_mean_distance`: a protected design often has a
     sample or two per level and batch, too few for a within-batch covariance (whitening
     with one estimated from tens of samples in the latent's dimensions collapsed the
-    latent; BENCHMARKS.md, session 10). Divided by the total spread, it is scale-free, so
+    latent; issue 18). Divided by the total spread, it is scale-free, so
     shrinking the latent does not lower it; the total rather than the spread within
     levels, because the encoder can raise the latter by blurring the levels into one
     another, and the former most cheaply by moving the levels apart.

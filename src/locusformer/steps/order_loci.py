@@ -16,7 +16,7 @@ log = logging.getLogger("locusformer")
 def run_order_loci(
     *,
     matrix: PathLike,
-    genes: PathLike,
+    annotation_path: PathLike,
     gene_id: str,
     unplaced: Literal["append", "drop"],
     order: Literal["genomic", "shuffled"],
@@ -25,8 +25,8 @@ def run_order_loci(
     out_loci: PathLike,
     out_stats: PathLike,
 ) -> None:
-    """Place the genes of ``matrix`` with the annotation ``genes`` and write the matrix with
-    its columns in that order, the loci table and the placement statistics."""
+    """Place the genes of ``matrix`` with the annotation in ``annotation_path``; write the
+    matrix with its columns in that order, the loci table and the placement statistics."""
     import pandas as pd
 
     from locusformer.io.annotation import read_annotation
@@ -41,8 +41,8 @@ def run_order_loci(
 
     handle, genes = open_matrix_parquet(matrix)
     handle.close()
-    annotation = read_annotation(genes, gene_id)
-    loci, stats = order_loci(pd.Index(genes), annotation, gene_id, unplaced, source=genes)
+    annotation = read_annotation(annotation_path, gene_id)
+    loci, stats = order_loci(pd.Index(genes), annotation, gene_id, unplaced, source=annotation_path)
     if order == "shuffled":
         loci = shuffle_loci(loci, seed)
     stats["order"] = order

@@ -190,7 +190,7 @@ def latent_clusters(
     Harmony's diversity penalty, which pushes every cluster to hold every batch, is left
     out on purpose: it can gather cell types that different batches hold into one
     cluster, where comparing the batches removes biology (the confounded pseudo-bulk
-    scored below the uncorrected data with it; BENCHMARKS.md, session 9). Without it, a
+    scored below the uncorrected data with it; issue 18). Without it, a
     cluster that a batch shift has left to one batch closes its gate: that shift stays
     (under-correction) rather than a cell type being lost.
 
@@ -226,10 +226,10 @@ def latent_clusters(
     # A cell counts in its nearest cluster when that cluster already compares two
     # batches, and by its soft shares when it does not. Soft shares alone let a batch's
     # cells beside a cell type it lacks open that type's cluster (H838's, opened to the
-    # protocols by their H1975 cells: BENCHMARKS.md, session 24). Nearest clusters alone
+    # protocols by their H1975 cells; issue 14). Nearest clusters alone
     # never open the clusters of a cell type the batch effect still splits in two, one
-    # per batch, so the term does not act until the adversary has mixed them (session
-    # 25). A cell whose own cluster holds one batch is either such a shifted type or a
+    # per batch, so the term does not act until the adversary has mixed them (issue
+    # 14). A cell whose own cluster holds one batch is either such a shifted type or a
     # type only its batch holds; its soft share in a neighbour tells which.
     home = resp.argmax(axis=1)
     nearest = np.eye(k)[home]  # (n, K)
@@ -333,7 +333,7 @@ def adversary_targets(
 NEVER_COMPARED = (
     "training: no latent cluster held a fair share of two batches in any epoch, so the "
     "cluster term never acted: either the batches share no biology, or the batch effect "
-    "is still in the latent; check the batch-mixing scores (BENCHMARKS.md, session 23)"
+    "is still in the latent; check the batch-mixing scores in the report"
 )
 
 
@@ -346,7 +346,7 @@ def never_compared(history: pd.DataFrame) -> bool:
     second left test_correct's data (300 samples, a strong shift, both batches holding
     every group) wholly uncorrected at the default settings: batch probe 1.0 on every
     seed. Comparing whole batches in such epochs fixed that and cost the confounded
-    pseudo-bulk, where the batches' biology differs (BENCHMARKS.md, session 23), so
+    pseudo-bulk, where the batches' biology differs (issue 18), so
     training warns rather than choosing.
     """
     compared = history["clusters_compared"].dropna()

@@ -85,7 +85,7 @@ def epoch_plan(n_train: int, config: TrainConfig) -> EpochPlan:
     ramp-up, the clusters found at each epoch's start and validation act as on small
     data. Counted in passes, 1M samples ran one epoch of 14,063 steps whose ramp-up was
     half an epoch: the cluster term used clusters of the untrained latent throughout
-    (BENCHMARKS.md, session 13).
+    (issue 15).
     """
     steps_per_pass = math.ceil(n_train / config.batch_size)
     steps = math.ceil(config.max_steps / config.max_epochs)
