@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 from locusformer.cli.parser import build_parser
 from locusformer.errors import InputError, TrainingDivergedError
+from locusformer.io.atomic import temporaries_removed_on_sigterm
 
 log = logging.getLogger("locusformer")
 
@@ -360,7 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
-        _HANDLERS[args.command](args)
+        with temporaries_removed_on_sigterm():
+            _HANDLERS[args.command](args)
     except InputError as exc:
         _error(args.command, str(exc))
         return 2
