@@ -1,4 +1,3 @@
-import io
 import json
 import os
 import shlex
@@ -9,153 +8,6 @@ import jsonschema
 import pandas as pd
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
-
-
-def refuse(message):
-    """Stop before any job runs, with one line (exit code 1), like the steps' own errors."""
-    raise SystemExit(f"locusformer workflow: error: {' '.join(str(message).split())}")
-
-
-def validated(data, schema, source):
-    """``validate`` (which fills in the defaults), its complaint as one line naming the key.
-
-    Snakemake's own message spreads the schema over a dozen lines.
-    """
-    try:
-        validate(data, schema=schema)
-    except WorkflowError as e:
-        error = e.__context__  # Snakemake raises WorkflowError while handling it
-        if not isinstance(error, jsonschema.ValidationError):
-            raise
-        where = ".".join(str(p) for p in error.absolute_path)
-        if error.validator == "additionalProperties":
-            unknown = sorted(set(error.instance) - set(error.schema["properties"]))
-            valid = ", ".join(error.schema["properties"])
-            problem = (
-                f"unknown key {', '.join(map(repr, unknown))} (valid keys: {valid})"
-            )
-        elif error.validator == "pattern" and "number" in error.schema["type"]:
-            problem = f"{error.instance!r} is not a number >= 0"  # a float as a string
-        else:
-            problem = error.message
-        refuse(": ".join([source, *filter(None, [where]), problem]))
-
-
-validated(config, "../schemas/config.schema.yaml", "config")
-
-
-# Files beside the per-dataset directories: a dataset must not be named like one of them.
-RESERVED_NAMES = {
-    "index.html",
-    "summary.tsv",
-    "index.log",
-    "summarize.log",
-    "index.tsv",
-    "summarize.tsv",
-}
-
-
-def read_datasets(path):
-    """The datasets sheet, validated row by row; empty cells become the schema defaults."""
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        refuse(f"{path}: datasets sheet not found")
-    # Whole lines starting with "#" are comments; a "#" inside a cell (a path, a column
-    # name) is kept.
-    lines = [
-        line for line in text.splitlines(True) if not line.lstrip().startswith("#")
-    ]
-    sheet = pd.read_csv(
-        io.StringIO("".join(lines)), sep="\t", dtype=str, keep_default_na=False
-    )
-    sheet.columns = [c.strip() for c in sheet.columns]
-    sheet = sheet.map(str.strip)
-    for column in list(sheet.columns):
-        if (sheet[column] == "").all():
-            sheet = sheet.drop(columns=column)
-    if sheet.empty:
-        refuse(f"{path}: the datasets sheet lists no dataset")
-    # Names that differ only in case share a directory on case-insensitive file systems.
-    folded = sheet["name"].str.casefold()
-    if folded.duplicated().any():
-        twice = sheet.loc[folded.duplicated(), "name"].tolist()
-        refuse(
-            f"{path}: dataset name(s) listed twice (case is ignored): {', '.join(twice)}"
-        )
-    taken = sheet.loc[folded.isin(RESERVED_NAMES), "name"].tolist()
-    if taken:
-        refuse(
-            f"{path}: dataset name(s) {', '.join(taken)} would clash with the workflow's own"
-            f" files ({', '.join(sorted(RESERVED_NAMES))} in results/, logs/, benchmarks/out/)"
-        )
-    rows = []
-    for _, row in sheet.iterrows():
-        record = pd.DataFrame([{k: v for k, v in row.items() if v != ""}])
-        validated(
-            record,
-            "../schemas/datasets.schema.yaml",
-            f"{path}, dataset {row['name']!r}",
-        )
-        rows.append(record)
-    return pd.concat(rows, ignore_index=True).set_index("name", drop=False)
-
-
-DATASETS = read_datasets(config["datasets"])
-SEED = config["seed"]
-
-
-def given(row, column):
-    """The row's cell, or None where the sheet leaves it empty (or lacks the column)."""
-    value = row.get(column)
-    return None if value is None or pd.isna(value) or value == "" else str(value)
-
-
-def check_samples(sheet, path):
-    """Only an .h5ad (its obs holding the columns) can do without a sample sheet."""
-    for name, row in sheet.iterrows():
-        if given(row, "samples") is None and not row["expression"].endswith(".h5ad"):
-            refuse(
-                f"{path}, dataset {name!r}: samples is empty; only an .h5ad expression"
-                " (whose obs holds the batch column) can do without a sample sheet"
-            )
-
-
-def model_sources(sheet, path):
-    """Dataset -> (kind, where) for the rows mapped onto a trained model: ("dataset",
-    name) for another row of the sheet, whose train rule makes the model, or ("folder",
-    path) for a folder holding model.pt and model.json. A name of the sheet wins over a
-    folder of the same name."""
-    sources = {}
-    for name, row in sheet.iterrows():
-        model = given(row, "model")
-        if model is None:
-            continue
-        where = f"{path}, dataset {name!r}: model {model!r}"
-        if model == name:
-            refuse(f"{where} names the dataset itself; train it (leave model empty)")
-        if model in sheet.index:
-            if given(sheet.loc[model], "model") is not None:
-                refuse(
-                    f"{where} is itself mapped onto a model, not trained; name the"
-                    f" dataset (or folder) it maps onto: {sheet.loc[model, 'model']!r}"
-                )
-            sources[name] = ("dataset", model)
-        elif all(Path(model, f).is_file() for f in ("model.pt", "model.json")):
-            sources[name] = ("folder", model)
-        else:
-            refuse(
-                f"{where} is neither a dataset of the sheet nor a folder holding"
-                " model.pt and model.json"
-            )
-    return sources
-
-
-check_samples(DATASETS, config["datasets"])
-# Datasets mapped onto a trained model (`locusformer map`) and the ones trained here.
-MODEL_SOURCES = model_sources(DATASETS, config["datasets"])
-TRAINED = [name for name in DATASETS.index if name not in MODEL_SOURCES]
-MAPPED = [name for name in DATASETS.index if name in MODEL_SOURCES]
 
 # Jobs run `python -m locusformer` from the workflow's own src/, so results never depend
 # on which locusformer happens to be installed in the environment (venv, conda env or
@@ -179,11 +31,67 @@ os.environ.update(LOCUSFORMER_SRC=SRC)
 os.environ.update(
     PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 )
+# This process reads the datasets sheet with the same src/, installed or not.
+if SRC and SRC not in sys.path:
+    sys.path.insert(0, SRC)
 
 
-def name_pattern(names):
-    """A wildcard constraint matching exactly these dataset names (none: nothing)."""
-    return "|".join(name.replace(".", r"\.") for name in names) or "(?!)"
+def refuse(message):
+    """Stop before any job runs, with one line (exit code 1), like the steps' own errors."""
+    raise SystemExit(f"locusformer workflow: error: {' '.join(str(message).split())}")
+
+
+try:
+    from locusformer.errors import InputError
+    from locusformer.io.sheets import (
+        check_samples,
+        given,
+        load_schema,
+        model_sources,
+        name_pattern,
+        read_datasets,
+        schema_error,
+    )
+except ImportError as e:
+    # A module read from GitHub has no src/ beside it: the package must be installed.
+    refuse(f"cannot import the locusformer package (not installed?): {e}")
+
+
+def validated(data, schema, source):
+    """``validate`` (which fills in the defaults), its complaint as one line naming the key.
+
+    Snakemake's own message spreads the schema over a dozen lines.
+    """
+    try:
+        validate(data, schema=schema)
+    except WorkflowError as e:
+        error = e.__context__  # Snakemake raises WorkflowError while handling it
+        if not isinstance(error, jsonschema.ValidationError):
+            raise
+        refuse(schema_error(source, error))
+
+
+validated(config, "../schemas/config.schema.yaml", "config")
+
+# The datasets sheet, read and checked by locusformer.io.sheets (a deploying workflow's
+# skip_validation skips its schema, as it does the config's).
+try:
+    DATASETS = read_datasets(
+        config["datasets"],
+        (
+            None
+            if workflow.modifier.skip_validation
+            else load_schema(workflow.source_path("../schemas/datasets.schema.yaml"))
+        ),
+    )
+    check_samples(DATASETS, config["datasets"])
+    # Datasets mapped onto a trained model (`locusformer map`) and the ones trained here.
+    MODEL_SOURCES = model_sources(DATASETS, config["datasets"])
+except InputError as e:
+    refuse(e)
+SEED = config["seed"]
+TRAINED = [name for name in DATASETS.index if name not in MODEL_SOURCES]
+MAPPED = [name for name in DATASETS.index if name in MODEL_SOURCES]
 
 
 wildcard_constraints:
