@@ -1,3 +1,34 @@
+# The design check, on the normalized matrix before any correction: how strongly the
+# batch predicts the biology, which the report and the index read the scores against.
+rule confounding:
+    input:
+        matrix="results/{dataset}/normalized.parquet",
+        samples="results/{dataset}/samples.tsv",
+    output:
+        report(
+            "results/{dataset}/confounding.json",
+            caption="../report/confounding.rst",
+            category="Design check",
+            subcategory="{dataset}",
+        ),
+    log:
+        "logs/{dataset}/confounding.log",
+    benchmark:
+        "benchmarks/out/{dataset}/confounding.tsv"
+    conda:
+        "../envs/preprocess.yaml"
+    threads: 2
+    params:
+        batch_key=get_batch_key,
+        label=get_label_arg,
+        seed=SEED,
+    shell:
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}} OMP_NUM_THREADS={threads}"
+        " python -m locusformer confounding --matrix {input.matrix:q}"
+        " --samples {input.samples:q} --batch-key {params.batch_key} {params.label}"
+        " --seed {params.seed} --out {output:q} 2> {log:q}"
+
+
 # One job per dataset scores every method in one process: the JIT compilation (numba's
 # of UMAP's graph for kBET, JAX's for the rest) and the uncorrected PCA are paid once, not
 # per method.

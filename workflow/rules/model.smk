@@ -86,6 +86,34 @@ rule correct:
         " --out-latent {output.latent:q} --out-h5ad {output.h5ad:q} 2> {log:q}"
 
 
+# The trained model's attention maps, for the report's attention section (a mapped
+# dataset has none: they would be its model's, made on other data).
+rule attention_map:
+    input:
+        matrix="results/{dataset}/ordered.parquet",
+        loci="results/{dataset}/loci.parquet",
+        samples="results/{dataset}/samples.tsv",
+        weights="results/{dataset}/model/model.pt",
+        config="results/{dataset}/model/model.json",
+    output:
+        "results/{dataset}/model/attention.npz",
+    log:
+        "logs/{dataset}/attention_map.log",
+    benchmark:
+        "benchmarks/out/{dataset}/attention_map.tsv"
+    conda:
+        "../envs/torch.yaml"
+    params:
+        batch_key=get_batch_key,
+        device=config["device"],
+    shell:
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}}"
+        " python -m locusformer attention --matrix {input.matrix:q} --loci {input.loci:q}"
+        " --samples {input.samples:q} --batch-key {params.batch_key}"
+        " --weights {input.weights:q} --config {input.config:q} --device {params.device}"
+        " --out {output:q} 2> {log:q}"
+
+
 # The trained model's attention traced step by step on a few samples, for the report's
 # "Attention, step by step". Mapped datasets have none: their model's trace is that of the
 # dataset (or folder) it was trained on, as its attention maps are.
