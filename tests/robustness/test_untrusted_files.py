@@ -133,6 +133,63 @@ def test_a_checkpoint_carrying_code_is_ignored_and_training_starts_fresh(prepare
     assert len(history) == TINY["train"]["max_epochs"]
 
 
+@pytest.mark.parametrize(
+    "foreign",
+    [[1, 2, 3], {"format": 2, "epoch": 3}, {"epoch": 1, "history": "not a list"}],
+    ids=["a list", "a dict without history", "a dict of the wrong things"],
+)
+def test_a_checkpoint_that_is_not_ours_is_set_aside_whatever_it_holds(prepared, tmp_path, foreign):
+    checkpoint = tmp_path / "ckpt.pt"
+    torch.save(foreign, checkpoint)
+    with pytest.warns(UserWarning, match="not a LocusFormer checkpoint"):
+        code, lines = _train(prepared, tmp_path / "model", checkpoint)
+    assert code == 0, lines
+    history = pd.read_csv(tmp_path / "model" / "history.tsv", sep="\t")
+    assert len(history) == TINY["train"]["max_epochs"]
+
+
+def test_two_identical_trainings_write_byte_identical_model_files(prepared, tmp_path):
+    # A checksum identifies a model: the weights file holds no random temporary name.
+    assert _train(prepared, tmp_path / "again")[0] == 0
+    first = (prepared / "model" / "model.pt").read_bytes()
+    assert (tmp_path / "again" / "model.pt").read_bytes() == first
+
+
+def _correct_with(prepared: Path, config: Path, out: Path) -> tuple[int, list[str]]:
+    return run_cli(
+        [
+            "correct",
+            "--matrix", prepared / "ordered.parquet",
+            "--samples", prepared / "samples.tsv",
+            "--batch-key", "batch",
+            "--weights", prepared / "model" / "model.pt",
+            "--config", config,
+            "--device", "cpu",
+            "--out-corrected", out / "corrected.parquet",
+            "--out-latent", out / "latent.parquet",
+            "--out-h5ad", out / "locusformer.h5ad",
+        ]
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "fragments"),
+    [
+        ({"locusformer_version": "9.9.9"}, ["written by locusformer 9.9.9", "upgrade"]),
+        ({"locusformer_version": "latest"}, ["'latest' is not a version"]),
+        ({"n_loci": 300}, ["says 300 loci", "not of one model"]),
+    ],
+    ids=["newer release", "not a version", "locus count"],
+)
+def test_a_model_json_that_does_not_match_its_weights_is_refused(
+    prepared, tmp_path, change, fragments
+):
+    config = json.loads((prepared / "model" / "model.json").read_text())
+    (tmp_path / "model.json").write_text(json.dumps({**config, **change}))
+    out = tmp_path / "out"
+    assert_refused(_correct_with(prepared, tmp_path / "model.json", out), out, *fragments)
+
+
 # -- the machine says no ----------------------------------------------------------------------
 
 
@@ -187,11 +244,12 @@ def test_a_full_disk_under_torch_save_names_the_output(
 ):
     save = torch.save
 
-    def full(payload, path, *args, **kwargs):
-        if Path(path).name.startswith(f".{target}."):
-            Path(path).write_bytes(b"PK\x03\x04 half a zip")  # torch has begun writing
+    def full(payload, file, *args, **kwargs):
+        name = Path(getattr(file, "name", file)).name  # a path, or the file opened on it
+        if name.startswith(f".{target}."):
+            file.write(b"PK\x03\x04 half a zip")  # torch has begun writing
             raise error
-        save(payload, path, *args, **kwargs)
+        save(payload, file, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", full)
     out = tmp_path / "out"

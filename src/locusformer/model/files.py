@@ -44,9 +44,12 @@ def save_atomic(payload: Any, path: str | os.PathLike) -> None:
     failed writing file ...: file write failed"), not an ``OSError``; it becomes the same
     :class:`~locusformer.io.atomic.WriteError` naming ``path`` that every other writer raises.
     """
-    with atomic.atomic_path(path) as tmp:
+    with atomic.atomic_path(path) as tmp, open(tmp, "wb") as fh:
         try:
-            torch.save(payload, tmp)
+            # To an open file, not a path: torch names the zip's entries after a path's
+            # file name (here a random temporary one), and after nothing for a file, so
+            # equal payloads give byte-identical files and a checksum identifies a model.
+            torch.save(payload, fh)
         except RuntimeError as err:
             reason = _TORCH_ENFORCE.sub("", " ".join(str(err).split())) or type(err).__name__
             raise OSError(errno.EIO, reason, str(tmp)) from err
@@ -229,6 +232,14 @@ def load_model(weights_path: str | os.PathLike, config_path: str | os.PathLike) 
         raise InputError(weights_path, "not a LocusFormer weights file")
     if payload["batch_names"] != config.get("batch_names"):
         raise InputError(config_path, f"batch names do not match {weights_path}")
+    _check_made_by_this_version(config, config_path)
+    gene_ids = payload.get("gene_ids")
+    if gene_ids is not None and config.get("n_loci") not in (None, len(gene_ids)):
+        raise InputError(
+            config_path,
+            f"says {config['n_loci']} loci, but {weights_path} holds {len(gene_ids)}: "
+            "the two files are not of one model",
+        )
     try:
         record = ModelRecord(
             batch_names=payload["batch_names"],
@@ -249,6 +260,33 @@ def load_model(weights_path: str | os.PathLike, config_path: str | os.PathLike) 
     except (KeyError, RuntimeError, ValueError, TypeError) as err:
         raise InputError(weights_path, f"weights do not match {config_path} ({err})") from None
     return model.eval()
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"0.2.0"`` -> ``(0, 2, 0)``; a part that does not start with digits ends it."""
+    parts = []
+    for part in str(version).split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        parts.append(int(digits.group()))
+    return tuple(parts)
+
+
+def _check_made_by_this_version(config: Mapping[str, Any], config_path: Any) -> None:
+    """Refuse a model written by a newer release than this one: its files may hold what
+    this release cannot read, and would be read wrong without a word."""
+    made_by = config.get("locusformer_version")
+    if made_by is None:
+        return
+    if not isinstance(made_by, str) or not _release(made_by):
+        raise InputError(config_path, f"locusformer_version {made_by!r} is not a version")
+    if _release(made_by)[:2] > _release(locusformer.__version__)[:2]:
+        raise InputError(
+            config_path,
+            f"written by locusformer {made_by}, newer than this {locusformer.__version__}; "
+            "upgrade locusformer to load it",
+        )
 
 
 def _loci_to_plain(loci: pd.DataFrame) -> dict[str, list]:

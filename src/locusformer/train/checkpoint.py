@@ -10,6 +10,7 @@ reads (scvi-tools splits its models the same way: module, training plan, save/lo
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -119,25 +120,58 @@ def resume(
     except Exception as err:  # a torn or foreign file: start over, don't crash
         warnings.warn(f"{path}: unreadable checkpoint ({err}); starting fresh", stacklevel=3)
         return None
+    if not isinstance(ckpt, dict) or not _RESUMABLE <= set(ckpt):
+        warnings.warn(f"{path}: not a LocusFormer checkpoint; starting fresh", stacklevel=3)
+        return None
     if ckpt.get("format") != CHECKPOINT_FORMAT or ckpt.get("fingerprint") != fp:
         warnings.warn(
             f"{path}: checkpoint is from a different run (data, config or seed); starting fresh",
             stacklevel=3,
         )
         return None
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    scheduler.load_state_dict(ckpt["scheduler"])
-    set_rng_state(ckpt["rng"], generator)
-    return TrainingState(
-        epoch=ckpt["epoch"],
-        best_loss=ckpt["best_loss"],
-        best_state=ckpt["best_state"],
-        bad_epochs=ckpt["bad_epochs"],
-        stopped=ckpt["stopped"],
-        extended=ckpt["extended"],
-        history=list(ckpt["history"]),
-    )
+    # A file with the right keys and the wrong contents must not leave the fresh objects
+    # half-restored: what they held is put back before starting over.
+    fresh = copy.deepcopy((model.state_dict(), optimizer.state_dict(), scheduler.state_dict()))
+    try:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        set_rng_state(ckpt["rng"], generator)
+        return TrainingState(
+            epoch=int(ckpt["epoch"]),
+            best_loss=ckpt["best_loss"],
+            best_state=ckpt["best_state"],
+            bad_epochs=ckpt["bad_epochs"],
+            stopped=ckpt["stopped"],
+            extended=ckpt["extended"],
+            history=list(ckpt["history"]),
+        )
+    except (KeyError, RuntimeError, ValueError, TypeError, AttributeError, IndexError) as err:
+        model.load_state_dict(fresh[0])
+        optimizer.load_state_dict(fresh[1])
+        scheduler.load_state_dict(fresh[2])
+        warnings.warn(f"{path}: damaged checkpoint ({err}); starting fresh", stacklevel=3)
+        return None
+
+
+#: The keys every checkpoint :func:`save_checkpoint` writes holds.
+_RESUMABLE = frozenset(
+    {
+        "format",
+        "fingerprint",
+        "model",
+        "optimizer",
+        "scheduler",
+        "rng",
+        "epoch",
+        "best_loss",
+        "best_state",
+        "bad_epochs",
+        "stopped",
+        "extended",
+        "history",
+    }
+)
 
 
 # --------------------------------------------------------------------------------------
