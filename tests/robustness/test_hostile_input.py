@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from robustness_cli import (
+    BATCHES,
     GENES,
     SAMPLES,
     assert_refused,
@@ -333,12 +334,13 @@ def test_labels_with_commas_quotes_unicode_and_html_round_trip(tmp_path):
     assert code == 0, lines
     out = tmp_path / "out"
     samples = pd.read_csv(out / "samples.tsv", sep="\t", dtype=str, keep_default_na=False)
+    # Every character survives but the spaces around a value, removed with a warning.
+    labels = [label.strip() for label in labels]
     assert samples["label"].tolist() == labels
     stats = json.loads((out / "stats.json").read_text(encoding="utf-8"))
     assert set(stats["samples_per_label"]) == set(labels)
     # What train, correct and the baselines read back is the same.
-    from locusformer.io.samples import read_sample_table
-    from locusformer.train.loop import read_batches
+    from locusformer.io.samples import read_batches, read_sample_table
 
     assert read_sample_table(out / "samples.tsv")["label"].tolist() == labels
     read = read_batches(out / "samples.tsv", "label", pd.Index(SAMPLES))
@@ -440,3 +442,60 @@ def test_the_command_itself_prints_one_line(tmp_path, case):
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and fragment in lines[0] and str(matrix) in lines[0], lines
     assert not out.exists()
+
+
+# -- silent changes to the user's data (issue 40) ---------------------------------------------
+
+
+def test_spaces_around_a_batch_value_are_removed_with_a_warning(tmp_path, caplog):
+    # "b1 " is batch b1 to whoever wrote it: it must not become a third batch.
+    batches = [f"{b} " if i == 0 else b for i, b in enumerate(BATCHES)]
+    counts_frame().to_csv(tmp_path / "m.csv")
+    sheet_frame(batch=batches).to_csv(tmp_path / "s.csv", index=False)
+    code, lines = normalize(tmp_path / "m.csv", tmp_path / "s.csv", tmp_path / "out")
+    assert code == 0, lines
+    table = pd.read_csv(tmp_path / "out" / "samples.tsv", sep="\t", dtype=str)
+    assert sorted(table["batch"].unique()) == ["b1", "b2"]
+    assert "leading or trailing spaces, removed" in caplog.text and "'b1 '" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("rows", "fragment"),
+    [
+        ([("chr1", "-5", "10")], "start -5, end 10"),
+        ([("chr1", "500", "100")], "start 500, end 100"),
+        ([("chr1", "five", "ten")], "start and end are not numbers"),
+    ],
+    ids=["negative start", "end before start", "not numbers"],
+)
+def test_annotation_records_that_are_not_spans_are_refused(tmp_path, rows, fragment):
+    counts_frame().to_csv(tmp_path / "m.csv")
+    sheet_frame().to_csv(tmp_path / "s.csv", index=False)
+    assert normalize(tmp_path / "m.csv", tmp_path / "s.csv", tmp_path)[0] == 0
+    bad = [(GENES[0], *rows[0])] if "numbers" not in fragment else [(g, *rows[0]) for g in GENES]
+    good = [(g, "chr1", str(1000 * (i + 1)), str(1000 * (i + 1) + 10)) for i, g in enumerate(GENES)]
+    genes = _annotation(tmp_path, bad + good[len(bad) :])
+    out = tmp_path / "loci"
+    assert_refused(order_loci(tmp_path / "normalized.parquet", genes, out, "ensembl_id"), out,
+                   "genes.tsv", fragment)  # fmt: skip
+
+
+def test_a_bed_row_ending_before_it_starts_is_refused(tmp_path):
+    counts_frame().to_csv(tmp_path / "m.csv")
+    sheet_frame().to_csv(tmp_path / "s.csv", index=False)
+    assert normalize(tmp_path / "m.csv", tmp_path / "s.csv", tmp_path)[0] == 0
+    bed = tmp_path / "genes.bed"
+    lines = [f"chr1\t{1000 * (i + 1)}\t{1000 * (i + 1) + 10}\t{g}" for i, g in enumerate(GENES)]
+    lines[3] = f"chr1\t900\t100\t{GENES[3]}"
+    bed.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "loci"
+    assert_refused(order_loci(tmp_path / "normalized.parquet", bed, out, "ensembl_id"), out,
+                   "genes.bed", "not spans on the genome")  # fmt: skip
+
+
+def test_a_tsv_named_csv_is_refused_with_the_right_name(tmp_path):
+    counts_frame().to_csv(tmp_path / "m.csv", sep="\t")
+    sheet_frame().to_csv(tmp_path / "s.csv", index=False)
+    out = tmp_path / "out"
+    assert_refused(normalize(tmp_path / "m.csv", tmp_path / "s.csv", out), out,
+                   "m.csv", "tab-separated", "rename it to end in .tsv")  # fmt: skip

@@ -39,14 +39,23 @@ def batch_codes(model: TrainedModel, batch_labels: Sequence[Any]) -> np.ndarray:
     return np.array([index[b] for b in labels], dtype=np.int64)
 
 
+#: Names a trained batch as the reference whatever its name: ``batch:mean`` is a batch
+#: called "mean", where ``mean`` alone is the average of every batch's conditioning.
+BATCH_PREFIX = "batch:"
+
+
 def reference_code(model: TrainedModel, reference: str) -> int | None:
-    """The network's code of batch ``reference``, None for "mean"; InputError otherwise."""
+    """The network's code of batch ``reference``, None for "mean"; InputError otherwise.
+
+    ``batch:NAME`` names the batch ``NAME`` explicitly, for a batch called "mean".
+    """
     if reference == "mean":
         return None
-    if reference not in model.batch_names:
+    name = reference.removeprefix(BATCH_PREFIX)
+    if name not in model.batch_names:
         valid = ", ".join(["mean", *model.batch_names])
-        raise InputError("reference", f"unknown batch {reference!r} (valid: {valid})")
-    return model.batch_names.index(reference)
+        raise InputError("reference", f"unknown batch {name!r} (valid: {valid})")
+    return model.batch_names.index(name)
 
 
 def _prepare(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import logging
 import os
 import re
 import zlib
@@ -19,6 +20,8 @@ import pandas as pd
 
 from locusformer.errors import InputError
 from locusformer.io.tables import read_table, strip_gz
+
+log = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
 
@@ -64,14 +67,45 @@ def read_annotation(path: PathLike, gene_id: str) -> pd.DataFrame:
     else:
         frame = _read_gtf(path, gene_id)
     frame = frame[frame["gene_id"].astype(str).str.strip() != ""].copy()
+    if frame.empty:
+        raise InputError(path, f"annotation has no records with a {gene_id!r} id")
+    frame = _numeric_spans(frame, path)
+    return frame.reset_index(drop=True)
+
+
+def _numeric_spans(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """Starts and ends as integers, each record a span on the genome (1 <= start <= end).
+
+    Records without numbers are dropped with a warning (a GTF's or table's odd rows);
+    an annotation with none, or with a span that cannot be (a start below 1, an end
+    before its start), is refused: its order of loci would be wrong without a word.
+    """
+    raw = frame[["start", "end"]].copy()
     frame["start"] = pd.to_numeric(frame["start"], errors="coerce")
     frame["end"] = pd.to_numeric(frame["end"], errors="coerce")
-    frame = frame.dropna(subset=["start", "end"])
+    unusable = frame["start"].isna() | frame["end"].isna()
+    if unusable.all():
+        first = raw.iloc[0]
+        raise InputError(
+            path,
+            f"start and end are not numbers (e.g. gene {frame['gene_id'].iloc[0]!r}: "
+            f"start {first['start']!r}, end {first['end']!r})",
+        )
+    if unusable.any():
+        log.warning("%s: %d record(s) without numeric start and end skipped", path, unusable.sum())
+    frame = frame[~unusable].copy()
     frame["start"] = frame["start"].astype(np.int64)
     frame["end"] = frame["end"].astype(np.int64)
-    if frame.empty:
-        raise InputError(path, f"annotation has no usable records with a {gene_id!r} id")
-    return frame.reset_index(drop=True)
+    impossible = (frame["start"] < 1) | (frame["end"] < frame["start"])
+    if impossible.any():
+        bad = frame[impossible].iloc[0]
+        raise InputError(
+            path,
+            f"{int(impossible.sum())} record(s) are not spans on the genome (start >= 1 and "
+            f"end >= start needed), e.g. gene {bad['gene_id']!r}: start {bad['start']}, "
+            f"end {bad['end']}",
+        )
+    return frame
 
 
 def _read_bed(path: Path) -> pd.DataFrame:

@@ -47,6 +47,7 @@ def read_table(path: Path, **kwargs) -> pd.DataFrame:
         raise InputError(path, "unsupported table type (expected .csv or .tsv, optionally .gz)")
     if not path.is_file():
         raise InputError(path, "file not found")
+    _check_separator(path, sep)
     try:
         # utf-8-sig drops a byte-order mark that spreadsheet exports put before the header.
         return pd.read_csv(path, sep=sep, encoding="utf-8-sig", **kwargs)
@@ -57,6 +58,28 @@ def read_table(path: Path, **kwargs) -> pd.DataFrame:
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(path, f"cannot parse table: {first_line}") from None
+
+
+def _check_separator(path: Path, sep: str) -> None:
+    """Refuse a file whose name promises one separator and whose header uses the other
+    (a TSV named ``.csv``): read with the wrong one, every line is a single field, and
+    what went wrong would surface far from its cause."""
+    _, compressed = strip_gz(path)
+    opener = gzip.open if compressed else open
+    try:
+        with opener(path, "rt", encoding="utf-8-sig", errors="replace") as handle:
+            header = handle.readline()
+    except (OSError, EOFError, zlib.error):
+        return  # read_csv says what is wrong with the file
+    other = {",": "\t", "\t": ","}[sep]
+    if sep not in header and other in header:
+        named, found = {",": ("comma", "tab"), "\t": ("tab", "comma")}[sep]
+        right = ".tsv" if other == "\t" else ".csv"
+        raise InputError(
+            path,
+            f"named as {named}-separated, but its header is {found}-separated: "
+            f"rename it to end in {right}",
+        )
 
 
 def header_fields(path: Path) -> list[str]:

@@ -52,6 +52,8 @@ def save_atomic(payload: Any, path: str | os.PathLike) -> None:
             torch.save(payload, fh)
         except RuntimeError as err:
             reason = _TORCH_ENFORCE.sub("", " ".join(str(err).split())) or type(err).__name__
+            if "unexpected pos" in reason:  # the zip writer's words for a short write
+                reason = f"the file could not be written whole (is the disk full?): {reason}"
             raise OSError(errno.EIO, reason, str(tmp)) from err
 
 

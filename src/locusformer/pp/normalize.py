@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -64,6 +64,31 @@ def attach_samples(
     return adata
 
 
+def strip_values(
+    sheet: pd.DataFrame, columns: Sequence[str | None], sheet_path: str
+) -> pd.DataFrame:
+    """The sheet with leading and trailing spaces removed from the values of ``columns``
+    (those it has), saying so: ``"CEL-seq2 "`` and ``"CEL-seq2"`` are one batch to a
+    reader, and would be two to the model."""
+    sheet = sheet.copy(deep=False)
+    for column in dict.fromkeys(c for c in columns if c and c in sheet.columns):
+        values = sheet[column].astype(str)
+        stripped = values.str.strip()
+        changed = values != stripped
+        if changed.any():
+            first = values[changed].iloc[0]
+            log.warning(
+                "%s: %d value(s) of %r had leading or trailing spaces, removed (e.g. %r -> %r)",
+                sheet_path,
+                int(changed.sum()),
+                column,
+                first,
+                first.strip(),
+            )
+            sheet[column] = stripped.where(sheet[column].notna(), sheet[column])
+    return sheet
+
+
 def sample_table(
     obs_names: pd.Index,
     var_names: pd.Index,
@@ -88,6 +113,7 @@ def sample_table(
     itself a column of the sheet, makes each combination of their values one batch: the
     table gains a column of that name, whose values join the columns' values with ``+``.
     """
+    sheet = strip_values(sheet, [*batch_key.split("+"), batch_key, label_key], sheet_path)
     sheet = combine_batch_columns(sheet, batch_key, sheet_path)
     for key, what in ((batch_key, "batch_key"), (label_key, "label_key")):
         if key and key not in sheet.columns:
