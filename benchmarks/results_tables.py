@@ -1,0 +1,197 @@
+"""Write the results tables of ``docs/results.md`` and README.md from benchmark outputs.
+
+Every current table in those documents sits between ``<!-- table:NAME -->`` and
+``<!-- /table:NAME -->`` and is written here, never by hand, with the date, commit,
+machine and seeds of the run behind it:
+
+    # the quality table: every task, LocusFormer and every baseline, three seeds
+    .venv/bin/python benchmarks/quality/variants.py --work W --tasks ... --seeds 0 1 2 \\
+        --baselines uncorrected combat harmony --variant '{"name": "default"}'
+    .venv/bin/python benchmarks/results_tables.py quality --work W
+    # the demo's table, from a finished `make run` (its summary.tsv and rule benchmarks)
+    .venv/bin/python benchmarks/results_tables.py demo --results results
+
+``quality --check`` (or ``demo --check``) writes nothing and exits 1 when a document's
+table differs from what the data give (a table edited by hand, or data rerun without
+regenerating the documents).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = {
+    "quality": [ROOT / "docs" / "results.md", ROOT / "README.md"],
+    "demo": [ROOT / "docs" / "results.md"],
+}
+TASKS = {
+    "protocols": "two protocols (CEL-seq2, Drop-seq; 3 lines)",
+    "cellbench5": "five sets, union of genes",
+    "cellbench5_inner": "five sets, genes every set measured",
+    "cellbench5_skewed": "five sets, skewed composition",
+    "pseudobulk_confounded": "confounded pseudo-bulk",
+    "pseudobulk_confounded protected": "confounded pseudo-bulk, cell line protected",
+    "mixture": "RNA mixtures from single cells",
+    "mixture_pooled": "RNA mixtures from pools",
+    "control": "no batch effect (random split)",
+}
+METHODS = {
+    "locusformer default": "LocusFormer",
+    "sysvi": "SysVI",
+    "scvi": "scVI",
+    "harmony": "Harmony",
+    "combat": "ComBat",
+    "combat_mod": "ComBat (line as covariate)",
+    "uncorrected": "uncorrected",
+}
+COLUMNS = ["task", "method", "seed", "batch", "bio", "total", "seconds"]
+
+
+def quality_rows(work: Path) -> pd.DataFrame:
+    rows = pd.read_csv(work / "results.tsv", sep="\t", header=None, names=COLUMNS)
+    rows = rows.drop_duplicates(["task", "method", "seed"], keep="last")
+    # The protected run is its own row of the table, beside ComBat told the same labels.
+    protected = rows["method"].str.endswith(" protect=cell_line")
+    rows.loc[protected, "task"] = rows.loc[protected, "task"] + " protected"
+    rows.loc[protected, "method"] = rows.loc[protected, "method"].str.removesuffix(
+        " protect=cell_line"
+    )
+    moved = (rows["method"] == "combat_mod") & (rows["task"] == "pseudobulk_confounded")
+    rows.loc[moved, "task"] = "pseudobulk_confounded protected"
+    return rows[rows["method"].isin(METHODS) & rows["task"].isin(TASKS)]
+
+
+def quality_table(rows: pd.DataFrame) -> str:
+    """Task x method: total, mean ± sd over seeds; the best label-free method in bold."""
+    stats = rows.groupby(["task", "method"])["total"].agg(["mean", "std", "count"])
+    methods = [m for m in METHODS if m in set(rows["method"])]
+    lines = [
+        "| task | " + " | ".join(METHODS[m] for m in methods) + " |",
+        "|" + " --- |" * (len(methods) + 1),
+    ]
+    for task in [t for t in TASKS if t in set(rows["task"])]:
+        here = stats.loc[task]
+        # Told the labels, a method is not compared with the label-free ones: the
+        # protected row bolds nothing.
+        label_free = here.drop(index=["uncorrected", "combat_mod"], errors="ignore")
+        best = None if task.endswith(" protected") else label_free["mean"].idxmax()
+        cells = []
+        for m in methods:
+            if m not in here.index:
+                cells.append("")
+                continue
+            mean, sd, n = here.loc[m]
+            text = f"{mean:.3f} ± {sd:.3f}" if n > 1 else f"{mean:.3f} (1 seed)"
+            cells.append(f"**{text}**" if m == best else text)
+        lines.append(f"| {TASKS[task]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def provenance(work: Path, rows: pd.DataFrame) -> str:
+    runs = [json.loads(line) for line in (work / "runs.jsonl").read_text().splitlines()]
+    dates = sorted({r["date"] for r in runs})
+    commits = sorted({r["commit"] + (" (uncommitted changes)" if r["dirty"] else "") for r in runs})
+    machines = sorted({r["machine"] for r in runs})
+    threads = sorted({str(r["threads"]) for r in runs})
+    seeds = ", ".join(str(s) for s in sorted(rows["seed"].unique()))
+    return (
+        f"Measured {dates[0] if len(dates) == 1 else f'{dates[0]} to {dates[-1]}'} at "
+        f"{', '.join(commits)} on {'; '.join(machines)} ({', '.join(threads)} thread(s) a "
+        f"process), seeds {seeds}; total = 0.4 batch + 0.6 bio (scIB metrics, scib-metrics' "
+        "functions; KMeans NMI/ARI the best of ten starts). Mean ± sd over seeds; bold: the "
+        "best method that is not told the labels."
+    )
+
+
+def demo_provenance(results: Path) -> str:
+    """When the run behind ``results`` wrote its summary, the release and seed its model
+    records, and this machine (where the table is written, as ``make run`` is run)."""
+    import datetime
+    import os
+    import platform
+
+    summary = results / "summary.tsv"
+    written = datetime.date.fromtimestamp(summary.stat().st_mtime).isoformat()
+    models = sorted(results.glob("*/model/model.json"))
+    record = json.loads(models[0].read_text()) if models else {}
+    commit = _git("rev-parse", "--short", "HEAD")
+    return (
+        f"`make run` of {written}: locusformer {record.get('locusformer_version', '?')} "
+        f"(table written at {commit}), seed {record.get('seed', '?')}, on "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores. Wall time and "
+        "peak memory from the rules' benchmark files (LocusFormer: train + correct)."
+    )
+
+
+def _git(*args: str) -> str:
+    import subprocess
+
+    out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def demo_table(results: Path) -> str:
+    summary = pd.read_csv(results / "summary.tsv", sep="\t")
+    keep = ["method", "batch", "bio", "total", "wall_s", "max_rss_mb"]
+    summary = summary[[c for c in keep if c in summary.columns]]
+    summary = summary.sort_values("total", ascending=False)
+    header = "| " + " | ".join(summary.columns) + " |"
+    lines = [header, "|" + " --- |" * len(summary.columns)]
+    for row in summary.itertuples(index=False):
+        cells = [f"{v:.3f}" if isinstance(v, float) and v <= 1 else str(v) for v in row]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def replace_block(text: str, name: str, body: str) -> str:
+    pattern = re.compile(rf"(<!-- table:{name} -->\n).*?(\n<!-- /table:{name} -->)", re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"no <!-- table:{name} --> block")
+    return pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
+
+
+def write(name: str, body: str, check: bool) -> bool:
+    same = True
+    for doc in DOCUMENTS[name]:
+        text = doc.read_text()
+        if f"<!-- table:{name} -->" not in text:
+            continue
+        new = replace_block(text, name, body)
+        if new != text:
+            same = False
+            if not check:
+                doc.write_text(new)
+                print(f"wrote the {name} table into {doc.relative_to(ROOT)}")
+    return same
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="table", required=True)
+    p = commands.add_parser("quality")
+    p.add_argument("--work", type=Path, required=True, help="variants.py's --work folder")
+    p.add_argument("--check", action="store_true", help="compare, write nothing")
+    p = commands.add_parser("demo")
+    p.add_argument("--results", type=Path, default=ROOT / "results")
+    p.add_argument("--check", action="store_true", help="compare, write nothing")
+    args = parser.parse_args()
+    if args.table == "quality":
+        rows = quality_rows(args.work)
+        body = provenance(args.work, rows) + "\n\n" + quality_table(rows)
+    else:
+        body = demo_provenance(args.results) + "\n\n" + demo_table(args.results)
+    same = write(args.table, body, args.check)
+    if args.check and not same:
+        print(f"the {args.table} table differs from its data", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
