@@ -499,3 +499,22 @@ def test_a_tsv_named_csv_is_refused_with_the_right_name(tmp_path):
     out = tmp_path / "out"
     assert_refused(normalize(tmp_path / "m.csv", tmp_path / "s.csv", out), out,
                    "m.csv", "tab-separated", "rename it to end in .tsv")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "fragment"),
+    [
+        ("--target-sum", "0", "must be > 0"),
+        ("--target-sum", "-5", "must be > 0"),
+        ("--target-sum", "nan", "must be a finite number"),
+        ("--target-sum", "inf", "must be a finite number"),
+        ("--hvg-max-samples", "0", "must be a whole number >= 1"),
+        ("--min-samples", "0", "must be a whole number >= 1"),
+    ],
+)
+def test_nonsense_normalize_options_are_refused_in_one_line(tmp_path, option, value, fragment):
+    counts_frame().to_csv(tmp_path / "m.csv")
+    sheet_frame().to_csv(tmp_path / "s.csv", index=False)
+    out = tmp_path / "out"
+    result = normalize(tmp_path / "m.csv", tmp_path / "s.csv", out, option, value)
+    assert_refused(result, out, option.removeprefix("--").replace("-", "_"), fragment)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -34,6 +35,18 @@ class NormalizeParams:
     # Highly variable genes are ranked on at most this many samples (a seeded subsample).
     hvg_max_samples: int = 100_000
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        # Checked where they are set, so that a nonsense value is one line naming the
+        # setting, not a traceback (or a silent NaN matrix) steps later.
+        if not (isinstance(self.target_sum, int | float) and math.isfinite(self.target_sum)):
+            raise InputError("target_sum", f"must be a finite number, got {self.target_sum!r}")
+        if self.target_sum <= 0:
+            raise InputError("target_sum", f"must be > 0, got {self.target_sum!r}")
+        for name, least in (("min_samples", 1), ("n_top_genes", 0), ("hvg_max_samples", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise InputError(name, f"must be a whole number >= {least}, got {value!r}")
 
 
 def attach_samples(
