@@ -38,5 +38,7 @@ lock: $(STAMP)
 	$(BIN)/python -m pip freeze --exclude-editable | sed 's/+cpu$$//' > requirements.lock.new
 	mv requirements.lock.new requirements.lock
 
+# The workflow's outputs (its rules' benchmark tables are in logs/benchmarks/). The benchmark
+# scripts' own outputs in benchmarks/out/ are results of experiments: clean leaves them.
 clean:
-	rm -rf results logs benchmarks/out .snakemake
+	rm -rf results logs .snakemake

@@ -70,7 +70,7 @@ def run_workflow(work: Path) -> float:
 def collect(out: Path) -> pd.DataFrame:
     rows = []
     for work in sorted(out.glob("n*")):
-        for tsv in sorted((work / "benchmarks" / "out").rglob("*.tsv")):
+        for tsv in sorted((work / "logs" / "benchmarks").rglob("*.tsv")):
             b = pd.read_csv(tsv, sep="\t")
             rows.append(
                 {

@@ -140,13 +140,13 @@ def test_names_that_differ_only_in_case(tmp_path):
     assert _refused(path) == f"{path}: dataset name(s) listed twice (case is ignored): demo"
 
 
-@pytest.mark.parametrize("name", ["index.html", "Summarize.log", "summary.tsv"])
+@pytest.mark.parametrize("name", ["index.html", "Summarize.log", "summary.tsv", "benchmarks"])
 def test_a_name_of_the_workflows_own_files(tmp_path, name):
     path = _write(tmp_path, [_row("fine"), _row(name)])
     assert _refused(path) == (
         f"{path}: dataset name(s) {name} would clash with the workflow's own files"
-        " (index.html, index.log, index.tsv, summarize.log, summarize.tsv, summary.tsv"
-        " in results/, logs/, benchmarks/out/)"
+        " (benchmarks, index.html, index.log, index.tsv, summarize.log, summarize.tsv,"
+        " summary.tsv in results/, logs/, logs/benchmarks/)"
     )
 
 

@@ -123,7 +123,7 @@ def test_one_metrics_job_per_dataset_scores_every_method(tmp_path):
         assert "--max-samples 50000" in command  # metrics.max_samples's default
         [report] = [c for c in reports if f"--dataset {name} " in c]
         assert "--max-samples 50000" in report  # its embeddings: the scored subsample
-        assert f"--benchmark metrics=benchmarks/out/{name}/metrics.tsv" in report
+        assert f"--benchmark metrics=logs/benchmarks/{name}/metrics.tsv" in report
 
 
 def test_metrics_max_samples_is_passed_and_checked(tmp_path):
@@ -227,7 +227,7 @@ def test_end_to_end_on_a_tiny_real_dataset(tiny_run):
     history = pd.read_csv(out / "model" / "history.tsv", sep="\t")
     assert 1 <= len(history) <= 3
     for rule in ("normalize", "order_loci", "train", "correct", "inspect"):
-        assert (workdir / "benchmarks" / "out" / "tiny" / f"{rule}.tsv").exists()
+        assert (workdir / "logs" / "benchmarks" / "tiny" / f"{rule}.tsv").exists()
     trace = json.loads((out / "inspect.json").read_text())
     assert len(trace["samples"]) == 8 and trace["seed"] == 7  # .test/config: seed 7
     assert [run["first_nonfinite"] for run in trace["runs"]] == [None, None]

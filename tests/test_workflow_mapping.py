@@ -82,7 +82,7 @@ def test_a_row_naming_a_dataset_is_planned_as_map_after_that_datasets_training(t
     [report] = [c for c in _commands(result.stdout, "report") if "--dataset query" in c]
     assert "--mapping results/query/mapping.json" in report
     assert "--history results/ref/model/history.tsv" in report and "--attention" not in report
-    assert "benchmarks/out/query/map.tsv" in report and "query/train.tsv" not in report
+    assert "logs/benchmarks/query/map.tsv" in report and "query/train.tsv" not in report
     # The trace is the trained model's, in the reference's report only.
     [inspect] = _commands(result.stdout, "inspect")
     assert "--model results/ref/model --matrix results/ref/ordered.parquet" in inspect
@@ -161,7 +161,7 @@ def test_a_query_row_is_mapped_onto_its_reference_scored_and_reported(tmp_path):
     assert not (out / "model").exists() and not (workdir / "logs" / "query" / "train.log").exists()
     assert (workdir / "logs" / "query" / "map.log").exists()
     assert (workdir / "results" / "ref" / "model" / "model.pt").exists()  # trained first
-    assert (workdir / "benchmarks" / "out" / "query" / "map.tsv").exists()
+    assert (workdir / "logs" / "benchmarks" / "query" / "map.tsv").exists()
     mapping = json.loads((out / "mapping.json").read_text())
     assert mapping["model"]["name"] == "ref" and mapping["new_batches"] == [NEW_BATCH]
     assert sorted(mapping["trained_batches"]) == ["CEL-seq2", "Drop-seq"]

@@ -127,7 +127,6 @@ def test_a_hostile_run_runs_no_injected_code_and_writes_only_its_own_files(hosti
         "config",
         "results",
         "logs",
-        "benchmarks",
         ".snakemake",
     }
     assert {p.name for p in (workdir / "results").iterdir()} == {"evil", "bad"}
@@ -160,12 +159,12 @@ def test_two_datasets_never_write_the_same_file(hostile):
             parts = Path(path).parts
             if dataset:  # a dataset's job writes in that dataset's directories only
                 assert parts[:2] in {("results", dataset), ("logs", dataset)} or parts[:3] == (
+                    "logs",
                     "benchmarks",
-                    "out",
                     dataset,
                 ), path
             else:
-                assert len(parts) <= 3 and parts[0] in {"results", "logs", "benchmarks"}, path
+                assert len(parts) <= 3 and parts[0] in {"results", "logs"}, path
     assert any("results/bad/" in p for p in writers) and any("results/evil/" in p for p in writers)
 
 

@@ -8,7 +8,7 @@ rule baseline:
     log:
         "logs/{dataset}/baseline_{method}.log",
     benchmark:
-        "benchmarks/out/{dataset}/baseline_{method}.tsv"
+        "logs/benchmarks/{dataset}/baseline_{method}.tsv"
     wildcard_constraints:
         method="|".join(BASELINES),
     conda:
@@ -36,7 +36,7 @@ rule locusformer_result:
     log:
         "logs/{dataset}/result_{method}.log",
     benchmark:
-        "benchmarks/out/{dataset}/result_{method}.tsv"
+        "logs/benchmarks/{dataset}/result_{method}.tsv"
     wildcard_constraints:
         method="|".join(LOCUSFORMER_METHODS),
     conda:

@@ -291,15 +291,20 @@ def get_metrics_outputs(wildcards, output):
     )
 
 
+def benchmark_table(name, step):
+    """Where the job of ``step`` on dataset ``name`` writes its time and memory."""
+    return f"logs/benchmarks/{name}/{step}.tsv"
+
+
 def get_benchmarks():
     """``DATASET/METHOD=benchmark.tsv`` pairs: the rules whose time a method costs."""
     pairs = []
     for name in DATASETS.index:
         for method in BASELINES:
-            pairs.append((name, method, f"benchmarks/out/{name}/baseline_{method}.tsv"))
+            pairs.append((name, method, benchmark_table(name, f"baseline_{method}")))
         for method in LOCUSFORMER_METHODS:
             for step in locusformer_steps(name):
-                pairs.append((name, method, f"benchmarks/out/{name}/{step}.tsv"))
+                pairs.append((name, method, benchmark_table(name, step)))
     return pairs
 
 
@@ -369,12 +374,9 @@ def get_report_model_args(wildcards, input):
 
 
 def report_benchmarks(name):
-    steps = [(step, f"benchmarks/out/{name}/{step}.tsv") for step in report_steps(name)]
-    steps += [
-        (f"baseline_{m}", f"benchmarks/out/{name}/baseline_{m}.tsv") for m in BASELINES
-    ]
-    steps.append(("metrics", f"benchmarks/out/{name}/metrics.tsv"))  # every method's
-    return steps
+    # metrics: the one job that scores every method
+    steps = [*report_steps(name), *(f"baseline_{m}" for m in BASELINES), "metrics"]
+    return [(step, benchmark_table(name, step)) for step in steps]
 
 
 # Paths in params are taken from the rule's input and output, never written out again: a

@@ -14,7 +14,7 @@ rule confounding:
     log:
         "logs/{dataset}/confounding.log",
     benchmark:
-        "benchmarks/out/{dataset}/confounding.tsv"
+        "logs/benchmarks/{dataset}/confounding.tsv"
     conda:
         "../envs/preprocess.yaml"
     threads: 2
@@ -45,7 +45,7 @@ rule metrics:
     log:
         "logs/{dataset}/metrics.log",
     benchmark:
-        "benchmarks/out/{dataset}/metrics.tsv"
+        "logs/benchmarks/{dataset}/metrics.tsv"
     conda:
         "../envs/metrics.yaml"
     threads: 2
@@ -78,7 +78,7 @@ rule aggregate_metrics:
     log:
         "logs/{dataset}/aggregate_metrics.log",
     benchmark:
-        "benchmarks/out/{dataset}/aggregate_metrics.tsv"
+        "logs/benchmarks/{dataset}/aggregate_metrics.tsv"
     conda:
         "../envs/metrics.yaml"
     shell:
@@ -100,7 +100,7 @@ rule summarize:
     log:
         "logs/summarize.log",
     benchmark:
-        "benchmarks/out/summarize.tsv"
+        "logs/benchmarks/summarize.tsv"
     conda:
         "../envs/metrics.yaml"
     params:

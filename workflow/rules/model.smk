@@ -16,7 +16,7 @@ rule train:
     log:
         "logs/{dataset}/train.log",
     benchmark:
-        "benchmarks/out/{dataset}/train.tsv"
+        "logs/benchmarks/{dataset}/train.tsv"
     wildcard_constraints:
         dataset=TRAINED_PATTERN,
     conda:
@@ -62,7 +62,7 @@ rule correct:
     log:
         "logs/{dataset}/correct.log",
     benchmark:
-        "benchmarks/out/{dataset}/correct.tsv"
+        "logs/benchmarks/{dataset}/correct.tsv"
     wildcard_constraints:
         dataset=TRAINED_PATTERN,
     conda:
@@ -100,7 +100,7 @@ rule attention_map:
     log:
         "logs/{dataset}/attention_map.log",
     benchmark:
-        "benchmarks/out/{dataset}/attention_map.tsv"
+        "logs/benchmarks/{dataset}/attention_map.tsv"
     conda:
         "../envs/torch.yaml"
     params:
@@ -128,7 +128,7 @@ rule inspect:
     log:
         "logs/{dataset}/inspect.log",
     benchmark:
-        "benchmarks/out/{dataset}/inspect.tsv"
+        "logs/benchmarks/{dataset}/inspect.tsv"
     wildcard_constraints:
         dataset=TRAINED_PATTERN,
     conda:
@@ -163,7 +163,7 @@ rule map:
     log:
         "logs/{dataset}/map.log",
     benchmark:
-        "benchmarks/out/{dataset}/map.tsv"
+        "logs/benchmarks/{dataset}/map.tsv"
     wildcard_constraints:
         dataset=MAPPED_PATTERN,
     conda:

@@ -10,7 +10,7 @@ rule normalize:
     log:
         "logs/{dataset}/normalize.log",
     benchmark:
-        "benchmarks/out/{dataset}/normalize.tsv"
+        "logs/benchmarks/{dataset}/normalize.tsv"
     conda:
         "../envs/preprocess.yaml"
     params:
@@ -42,7 +42,7 @@ rule order_loci:
     log:
         "logs/{dataset}/order_loci.log",
     benchmark:
-        "benchmarks/out/{dataset}/order_loci.tsv"
+        "logs/benchmarks/{dataset}/order_loci.tsv"
     conda:
         "../envs/preprocess.yaml"
     params:

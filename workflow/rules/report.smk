@@ -21,7 +21,7 @@ rule report:
     log:
         "logs/{dataset}/report.log",
     benchmark:
-        "benchmarks/out/{dataset}/report.tsv"
+        "logs/benchmarks/{dataset}/report.tsv"
     conda:
         "../envs/report.yaml"
     params:
@@ -59,7 +59,7 @@ rule index:
     log:
         "logs/index.log",
     benchmark:
-        "benchmarks/out/index.tsv"
+        "logs/benchmarks/index.tsv"
     conda:
         "../envs/report.yaml"
     params:

@@ -26,10 +26,12 @@ from locusformer.errors import InputError, one_line
 
 PathLike = str | os.PathLike
 
-#: Files beside the per-dataset directories of results/ and logs/: a dataset must not be
-#: named like one of them (compared case-folded).
+#: Files and folders beside the per-dataset directories of results/, logs/ and
+#: logs/benchmarks/ (the rules' benchmark tables): a dataset must not be named like one of
+#: them (compared case-folded).
 RESERVED_NAMES = frozenset(
     {
+        "benchmarks",
         "index.html",
         "summary.tsv",
         "index.log",
@@ -39,7 +41,7 @@ RESERVED_NAMES = frozenset(
     }
 )
 #: Where the workflow writes the files of :data:`RESERVED_NAMES`, for the message.
-RESERVED_IN = "results/, logs/, benchmarks/out/"
+RESERVED_IN = "results/, logs/, logs/benchmarks/"
 
 
 def load_schema(path: PathLike) -> dict:
