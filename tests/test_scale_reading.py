@@ -90,7 +90,7 @@ def test_the_scores_are_those_of_the_results_read_whole_then_cut(files, scored) 
             result, whole["uncorrected"], "batch", "cell_type", SEED, reference, keep
         )
         out = files["dir"] / "whole" / f"{m}.tsv"
-        metrics._write_tsv(df, out)
+        metrics.write_metrics(df, out)
         assert scored[m] == out.read_text(), m  # byte-identical
         assert "Samples scored\tsubsample\t30.0" in scored[m]
         assert df.loc[df["type"] != "subsample", "value"].notna().any(), m

@@ -21,6 +21,7 @@ from conftest import ANNOTATION
 from scipy import sparse
 
 import locusformer.infer.correct
+import locusformer.io.h5ad
 import locusformer.io.parquet
 import locusformer.steps.correct
 import locusformer.steps.outputs
@@ -322,9 +323,7 @@ def test_the_h5ad_writer_lets_the_sample_table_go_once_obs_is_written(tmp_path):
     )
     table = weakref.ref(samples)
     genes = pd.Index(["g1", "g2"])
-    with locusformer.infer.correct.h5ad_writer(
-        tmp_path / "x.h5ad", samples, genes, None, 1
-    ) as write:
+    with locusformer.io.h5ad.h5ad_writer(tmp_path / "x.h5ad", samples, genes, None, 1) as write:
         del samples
         gc.collect()
         assert table() is None
@@ -337,9 +336,7 @@ def test_the_h5ad_writer_lets_the_sample_table_go_once_obs_is_written(tmp_path):
 
 def test_the_h5ad_writer_leaves_the_callers_table_as_it_was(tmp_path):
     samples = pd.DataFrame({"batch": ["b1", "b2"]}, index=pd.Index([1, 2], name="id"))
-    with locusformer.infer.correct.h5ad_writer(
-        tmp_path / "x.h5ad", samples, pd.Index(["g"]), None, 1
-    ):
+    with locusformer.io.h5ad.h5ad_writer(tmp_path / "x.h5ad", samples, pd.Index(["g"]), None, 1):
         pass
     assert samples["batch"].dtype == object and samples.index.tolist() == [1, 2]
     assert samples.index.name == "id"
