@@ -35,7 +35,7 @@ rule confounding:
 # One BLAS thread: the matrices scored are n x 50, and on shared cores OpenBLAS's second
 # thread made the PCA and kBET many times slower (same scores); JAX's own thread pool
 # still uses the job's cores. Above metrics.max_samples samples every method is scored on
-# one stratified subsample (locusformer.subsample), which each table records.
+# one stratified subsample (locusformer.scoring.subsample), which each table records.
 # KMeans NMI and ARI come from the best of metrics.kmeans_starts starts (1: scib-metrics').
 rule metrics:
     input:
