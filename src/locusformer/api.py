@@ -160,9 +160,9 @@ def _loci(adata: ad.AnnData, annotation: pd.DataFrame | None, id_type: str) -> p
     if annotation is None:
         if not {"chrom", "start"} <= set(adata.var.columns):
             raise InputError(
-                "adata.var", "needs chrom and start columns, or pass annotation= (gene_id, "
-                "chrom, start, end)",
-            )  # fmt: skip
+                "adata.var",
+                "needs chrom and start columns, or pass annotation= (gene_id, chrom, start, end)",
+            )
         annotation = adata.var[["chrom", "start"]].assign(
             gene_id=adata.var_names.astype(str), end=adata.var["start"]
         )
@@ -201,9 +201,16 @@ def fit(
     obs = adata.obs.astype(str)
     levels = covariate_levels(obs, list(protect), "adata.obs") if protect else None
     trained, _ = train_corrector(
-        X, batches, loci, model, training, seed=seed, device=device,
-        progress=False, covariates=levels,
-    )  # fmt: skip
+        X,
+        batches,
+        loci,
+        model,
+        training,
+        seed=seed,
+        device=device,
+        progress=False,
+        covariates=levels,
+    )
     trained.record.protect = list(protect)
     return Model.of(trained, adata, batch_key, layer)
 
@@ -232,9 +239,14 @@ def correct(
     frame = pd.DataFrame(_matrix(adata, layer), index=adata.obs_names, columns=adata.var_names)
     X, match = align_genes(frame, model, "adata")
     result = map_query(
-        model, X, _batch_values(adata, batch_key), reference=reference,
-        adapt_epochs=adapt_epochs, seed=seed, device=device,
-    )  # fmt: skip
+        model,
+        X,
+        _batch_values(adata, batch_key),
+        reference=reference,
+        adapt_epochs=adapt_epochs,
+        seed=seed,
+        device=device,
+    )
     import anndata as ad
 
     var = model.loci.set_index("gene_id") if model.loci is not None else None

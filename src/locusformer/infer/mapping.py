@@ -147,9 +147,13 @@ def map_query(
     latent = np.empty((len(X), model.config.latent_dim), dtype=np.float32)
     if known.any():
         c, z = correct(
-            model, X[known], labels[known].tolist(), reference=reference,
-            chunk_size=chunk_size, device=device,
-        )  # fmt: skip
+            model,
+            X[known],
+            labels[known].tolist(),
+            reference=reference,
+            chunk_size=chunk_size,
+            device=device,
+        )
         corrected[known], latent[known] = c, z
     history: list[dict[str, float]] = []
     if new_batches:
@@ -158,8 +162,19 @@ def map_query(
         net = model.module.to(dev).eval()
         adapter = BatchAdapter(len(new_batches), model.n_loci).to(dev)
         if adapt_epochs:
-            history = _adapt(net, adapter, X[~known], codes, adapt_epochs, lr, batch_size, seed)
-        c, z = _decode_new(net, adapter, X[~known], codes, ref_code, chunk_size, dev)
+            history = _adapt(
+                net,
+                adapter,
+                X[~known],
+                codes,
+                epochs=adapt_epochs,
+                lr=lr,
+                batch_size=batch_size,
+                seed=seed,
+            )
+        c, z = _decode_new(
+            net, adapter, X[~known], codes, ref_code=ref_code, chunk_size=chunk_size, dev=dev
+        )
         corrected[~known], latent[~known] = c, z
     return MappingResult(
         corrected, latent, new_batches, bool(adapt_epochs and new_batches), history
@@ -172,6 +187,7 @@ def _decode_new(
     adapter: BatchAdapter,
     X: np.ndarray,
     codes: np.ndarray,
+    *,
     ref_code: int | None,
     chunk_size: int,
     dev: torch.device,
@@ -194,6 +210,7 @@ def _adapt(
     adapter: BatchAdapter,
     X: np.ndarray,
     codes: np.ndarray,
+    *,
     epochs: int,
     lr: float,
     batch_size: int,

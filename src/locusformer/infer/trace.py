@@ -321,8 +321,11 @@ def format_trace(result: dict[str, Any], naive: bool = False) -> str:
         "(· W_O); block (after the MLP). No mask: every token is real.",
     ]
     for run in result["runs"]:
-        lines += ["", f"== {run['how']}", f"{'layer':>5} {'head':>4}  {'step':<18} "
-                  f"{'shape':<18} {'min':>11} {'max':>11}  notes"]  # fmt: skip
+        lines += [
+            "",
+            f"== {run['how']}",
+            f"{'layer':>5} {'head':>4}  {'step':<18} {'shape':<18} {'min':>11} {'max':>11}  notes",
+        ]
         for s in run["steps"]:
             if naive or s["step"] not in (*NAIVE_STEPS, "module_minus_trace"):
                 lines.append(_row(s))

@@ -160,6 +160,7 @@ class _Attention(nn.Module):
         q: Tensor,
         k: Tensor,
         v: Tensor,
+        *,
         key_padding_mask: Tensor | None,
         attn_mask: Tensor | None,
         is_causal: bool,
@@ -251,7 +252,16 @@ class MultiHeadSelfAttention(_Attention):
         D = x.shape[-1]
         q, k, v = (self._heads(t) for t in linear(x, self.in_proj).split(D, dim=-1))
         # q, k, v: (B, H, T, K)
-        return self._attend(q, k, v, key_padding_mask, attn_mask, is_causal, need_weights, fused)
+        return self._attend(
+            q,
+            k,
+            v,
+            key_padding_mask=key_padding_mask,
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            need_weights=need_weights,
+            fused=fused,
+        )
 
     @torch.no_grad()
     def load_from_torch(self, mha: nn.MultiheadAttention) -> None:
@@ -307,7 +317,16 @@ class MultiHeadCrossAttention(_Attention):
         q = self._heads(linear(x, self.q_proj))  # (B, H, T, K)
         k, v = (self._heads(t) for t in linear(context, self.kv_proj).split(D, dim=-1))
         # k, v: (B, H, S, K)
-        return self._attend(q, k, v, key_padding_mask, attn_mask, is_causal, need_weights, fused)
+        return self._attend(
+            q,
+            k,
+            v,
+            key_padding_mask=key_padding_mask,
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            need_weights=need_weights,
+            fused=fused,
+        )
 
     @torch.no_grad()
     def load_from_torch(self, mha: nn.MultiheadAttention) -> None:

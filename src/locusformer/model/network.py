@@ -572,7 +572,16 @@ class LocusFormer(nn.Module):
         total = per_sample + weights.ramp * (weights.batch_mean * batch_mean + weights.mmd * mmd)
         if levels is not None and weights.level_mean:
             total = total + weights.level_mean * level_mean
-        return Loss(recon, adversary, confusion, cycle, batch_mean, mmd, level_mean, total)
+        return Loss(
+            recon=recon,
+            adversary=adversary,
+            confusion=confusion,
+            cycle=cycle,
+            batch_mean=batch_mean,
+            mmd=mmd,
+            level_mean=level_mean,
+            total=total,
+        )
 
     # -- (de)serialization ---------------------------------------------------------------
 

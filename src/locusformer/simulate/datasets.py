@@ -135,11 +135,11 @@ def simulate(
         regions, region_shift, region_scale = regional_batch_effect(
             loci,
             [str(b) for b in range(n_batches)],
-            batch_shift,
-            batch_scale,
-            region_size,
-            region_kind,
-            np.random.default_rng([seed, 2]),
+            shift_sd=batch_shift,
+            scale_sd=batch_scale,
+            region_size=region_size,
+            kind=region_kind,
+            rng=np.random.default_rng([seed, 2]),
         )
         if batch_effect == "regional":
             shift, scale = region_shift, region_scale
@@ -419,11 +419,11 @@ def simulate_counts(
         regions, region_shift, region_scale = regional_batch_effect(
             genes,
             [f"batch{b + 1}" for b in range(B)],
-            p.batch_shift,
-            p.batch_scale,
-            p.region_size,
-            p.region_kind,
-            np.random.default_rng([p.seed, 2]),
+            shift_sd=p.batch_shift,
+            scale_sd=p.batch_scale,
+            region_size=p.region_size,
+            kind=p.region_kind,
+            rng=np.random.default_rng([p.seed, 2]),
         )
         if p.batch_effect == "regional":
             shift, scale = region_shift, region_scale

@@ -54,7 +54,15 @@ def run_correct(
     codes = batch_codes(model, samples[batch_key])
     names = np.asarray(model.batch_names, dtype=object)
     with contextlib.ExitStack() as outputs, ThreadPoolExecutor(1) as writing:
-        writers = open_outputs(outputs, model, samples, genes, corrected_out, latent_out, h5ad_out)
+        writers = open_outputs(
+            outputs,
+            model,
+            samples,
+            genes,
+            corrected_out=corrected_out,
+            latent_out=latent_out,
+            h5ad_out=h5ad_out,
+        )
         # The sample table and ids went into the .h5ad's obs; blocks bring their own ids.
         # Kept, their strings would hold memory in proportion to the samples through the loop.
         del samples, sample_ids

@@ -30,9 +30,14 @@ def run_inspect(
     from locusformer.io.atomic import write_text
 
     result = inspect_model(
-        model, matrix, samples, n_samples=n_samples,
-        sample_column=sample_column, seed=seed, device=device,
-    )  # fmt: skip
+        model,
+        matrix,
+        samples,
+        n_samples=n_samples,
+        sample_column=sample_column,
+        seed=seed,
+        device=device,
+    )
     text = dump_trace(result) if json else format_trace(result, naive=naive_rows)
     if out:
         write_text(out, text)

@@ -50,9 +50,15 @@ def prepare_query(
     with open_expression(expression_path, layer=layer) as source:
         sheet, sheet_path = read_samples(expression_path, samples_path, sample_column)
         obs = sample_table(
-            source.obs_names, source.var_names, sheet, batch_key, label_key,
-            matrix_path=str(expression_path), sheet_path=sheet_path, min_batches=1,
-        )  # fmt: skip
+            source.obs_names,
+            source.var_names,
+            sheet,
+            batch_key,
+            label_key,
+            matrix_path=str(expression_path),
+            sheet_path=sheet_path,
+            min_batches=1,
+        )
         plan = plan_normalization(source, obs, value_type, batch_key, params)
         genes = source.var_names[plan.genes]
         values = np.empty((len(obs), len(genes)), dtype=np.float32)
@@ -92,15 +98,26 @@ def run_map(
 
     model = load_model(weights_path, config_path)
     frame, samples = prepare_query(
-        expression_path, samples_path, batch_key, model, value_type=value_type, layer=layer,
-        sample_column=sample_column, label_key=label_key,
-    )  # fmt: skip
+        expression_path,
+        samples_path,
+        batch_key,
+        model,
+        value_type=value_type,
+        layer=layer,
+        sample_column=sample_column,
+        label_key=label_key,
+    )
     X, match = align_genes(frame, model, str(expression_path))
     del frame
     result = map_query(
-        model, X, samples[batch_key].tolist(), reference=reference,
-        adapt_epochs=adapt_epochs, seed=seed, device=device,
-    )  # fmt: skip
+        model,
+        X,
+        samples[batch_key].tolist(),
+        reference=reference,
+        adapt_epochs=adapt_epochs,
+        seed=seed,
+        device=device,
+    )
     genes = pd.Index(model.gene_ids)
     ids = samples.index.astype(str)
     report = {
@@ -121,9 +138,15 @@ def run_map(
     }
     with contextlib.ExitStack() as outputs:  # correct's writers, one block of all rows
         writers = open_outputs(
-            outputs, model, samples, genes, corrected_out, latent_out, h5ad_out,
-            mapping_uns(model, report),
-        )  # fmt: skip
+            outputs,
+            model,
+            samples,
+            genes,
+            corrected_out=corrected_out,
+            latent_out=latent_out,
+            h5ad_out=h5ad_out,
+            uns=mapping_uns(model, report),
+        )
         for write in writers:
             write(slice(0, len(ids)), ids, X, result.corrected, result.latent)
     atomic.write_text(report_out, json.dumps(report, indent=2) + "\n")

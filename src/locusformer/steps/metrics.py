@@ -40,9 +40,9 @@ def run_metrics(
         batch_key,
         label_key,
         outs,
-        seed,
-        max_samples,
-        kmeans_starts,
+        seed=seed,
+        max_samples=max_samples,
+        kmeans_starts=kmeans_starts,
     )
 
 
@@ -82,7 +82,14 @@ def run_dataset_metrics(
         result = uncorrected if same else read(path)
         result.uns["method"] = method
         frames[method] = score_method(
-            result, uncorrected, batch_key, label_key, seed, reference, keep, kmeans_starts
+            result,
+            uncorrected,
+            batch_key,
+            label_key,
+            seed=seed,
+            reference=reference,
+            samples=keep,
+            kmeans_starts=kmeans_starts,
         )
         log.info("%s: scored in %.1f s", method, time.perf_counter() - started)
     for method, df in frames.items():

@@ -91,6 +91,7 @@ def open_outputs(
     model: TrainedModel,
     samples: pd.DataFrame,
     genes: pd.Index,
+    *,
     corrected_out: str | os.PathLike,
     latent_out: str | os.PathLike,
     h5ad_out: str | os.PathLike | None,
