@@ -113,6 +113,20 @@ def _check_block_size(block_size: int) -> int:
     return int(block_size)
 
 
+def _design(rows: _Rows, codes: np.ndarray, covariates: np.ndarray | None) -> np.ndarray:
+    """(n, p) design in ``rows``' order: the batch indicators, then the covariates."""
+    n = len(codes)
+    onehot = np.eye(len(rows.sizes))[codes]  # (n, k)
+    covariates = np.empty((n, 0)) if covariates is None else np.asarray(covariates, np.float64)
+    if covariates.ndim == 1:
+        covariates = covariates[:, None]
+    if covariates.shape[0] != n:
+        raise ValueError(f"covariates have {covariates.shape[0]} rows for {n} samples")
+    if not rows.identity:
+        covariates = covariates[rows.order]
+    return np.column_stack([onehot, covariates])
+
+
 def gene_summaries(
     x: ColumnBlocks,
     batches: np.ndarray,
@@ -152,15 +166,7 @@ def gene_summaries(
     if len(codes) != n:
         raise ValueError(f"{len(codes)} batch labels for {n} samples")
     k = len(rows.sizes)
-    onehot = np.eye(k)[codes]  # (n, k)
-    covariates = np.empty((n, 0)) if covariates is None else np.asarray(covariates, np.float64)
-    if covariates.ndim == 1:
-        covariates = covariates[:, None]
-    if covariates.shape[0] != n:
-        raise ValueError(f"covariates have {covariates.shape[0]} rows for {n} samples")
-    if not rows.identity:
-        covariates = covariates[rows.order]
-    design = np.column_stack([onehot, covariates])  # (n, p)
+    design = _design(rows, codes, covariates)  # (n, p)
     # scanpy: b_hat = inv(D'D) D' data'; the (p, n) projector is formed once, not per block
     proj = np.linalg.inv(design.T @ design) @ design.T  # (p, n)
     weights = rows.sizes / n  # (k,) scanpy's n_batches / n_array

@@ -69,7 +69,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"locusformer {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_preprocessing(commands)
+    _add_training(commands)
+    _add_applying(commands)
+    _add_inspection(commands)
+    _add_scoring(commands)
+    _add_reporting(commands)
+    _add_simulate_parser(commands)
+    return parser
 
+
+def _add_preprocessing(commands: argparse._SubParsersAction) -> None:
+    """Reading and normalizing the data, and placing its genes on the genome."""
     p = commands.add_parser("normalize", help="read, validate, normalize and select genes")
     p.add_argument("--expression", required=True, help="matrix (CSV/TSV[.gz], parquet, h5ad)")
     p.add_argument("--layer", default=None, help="h5ad layer holding the values (default .X)")
@@ -106,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-matrix", required=True)
     p.add_argument("--out-stats", required=True)
 
+
+def _add_training(commands: argparse._SubParsersAction) -> None:
+    """Training the corrector."""
     p = commands.add_parser("train", help="train the attention corrector")
     p.add_argument("--matrix", required=True, help="ordered.parquet")
     p.add_argument("--loci", required=True)
@@ -131,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
         "new data the same way",
     )
 
+
+def _add_applying(commands: argparse._SubParsersAction) -> None:
+    """Applying a trained corrector: to new data (map) or to the data it was trained on."""
     p = commands.add_parser("map", help="map new data onto a trained corrector")
     p.add_argument("--weights", required=True, help="model.pt of a trained model")
     p.add_argument("--config", required=True, help="model.json of that model")
@@ -141,14 +158,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-key", required=True)
     p.add_argument("--label-key", default=None)
     p.add_argument(
-        "--value-type", default=None, choices=["counts", "log_expression"],
+        "--value-type",
+        default=None,
+        choices=["counts", "log_expression"],
         help="default: what the model was trained on",
-    )  # fmt: skip
+    )
     p.add_argument("--reference", default="mean", help="a trained batch, or mean")
     p.add_argument(
-        "--adapt-epochs", type=int, default=0,
+        "--adapt-epochs",
+        type=int,
+        default=0,
         help="epochs adapting new batches' own parameters, the model frozen (0: zero-shot)",
-    )  # fmt: skip
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--out-corrected", required=True)
@@ -173,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-latent", required=True)
     p.add_argument("--out-h5ad", required=True)
 
+
+def _add_inspection(commands: argparse._SubParsersAction) -> None:
+    """Looking into a trained corrector's attention."""
     p = commands.add_parser("attention", help="mean attention map of a trained corrector")
     p.add_argument("--matrix", required=True, help="ordered.parquet")
     p.add_argument("--loci", required=True)
@@ -195,21 +219,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="folder of a trained model (model.pt, .json)")
     p.add_argument("--matrix", required=True, help="ordered.parquet: the model's genes, in order")
     p.add_argument(
-        "--samples", default=None,
+        "--samples",
+        default=None,
         help="sample sheet: trace its first --n-samples samples (default: the matrix's first rows)",
-    )  # fmt: skip
+    )
     p.add_argument("--sample-column", default=None, help="sample id column of the sheet")
     p.add_argument("--n-samples", type=int, default=4)
     p.add_argument(
-        "--seed", type=int, default=None,
+        "--seed",
+        type=int,
+        default=None,
         help="draw the --n-samples at random with this seed (default: the first ones)",
-    )  # fmt: skip
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--json", action="store_true", help="JSON for machines instead of text")
     p.add_argument("--naive-rows", action="store_true", help="list the naive softmax's steps too")
     p.add_argument("--out", default=None, help="write the trace here (default: stdout)")
     p.add_argument("--out-text", default=None, help="also write the trace as text here")
 
+
+def _add_scoring(commands: argparse._SubParsersAction) -> None:
+    """The established methods' results and LocusFormer's, and their scores."""
     p = commands.add_parser("baseline", help="run an established method on the data")
     # baselines.METHODS, spelled out so that --help does not import numpy and anndata
     p.add_argument(
@@ -268,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark", action="append", help="DATASET/METHOD=benchmark.tsv")
     p.add_argument("--out", required=True)
 
+
+def _add_reporting(commands: argparse._SubParsersAction) -> None:
+    """The design check, each dataset's report and the index over all of them."""
     p = commands.add_parser("confounding", help="how strongly batch predicts biology (JSON)")
     p.add_argument("--matrix", required=True, help="normalized.parquet")
     p.add_argument("--samples", required=True, help="samples.tsv")
@@ -306,6 +339,3 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="append", required=True, help="DATASET=report.html")
     p.add_argument("--confounding", action="append", help="DATASET=confounding.json")
     p.add_argument("--out", required=True)
-
-    _add_simulate_parser(commands)
-    return parser

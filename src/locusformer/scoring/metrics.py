@@ -44,7 +44,9 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import anndata as ad
 import numpy as np
@@ -221,10 +223,10 @@ def kmeans_nmi_ari(
     k-means++ start lands in a worse local minimum often enough to reorder correctors: on
     18 CellBench latents (five sets, de novo and each set mapped, three seeds each) 12-23%
     of single starts ended over 5% above the lowest inertia (a cell line split in two and
-    two others joined, where looked at), 0.04-0.06 off the total (BENCHMARKS.md, session
-    26). ``starts=N`` keeps the lowest-inertia clustering of N starts of scikit-learn's
-    k-means (its default ``n_init`` for years, and about a hundred times faster on the CPU
-    than scib-metrics' JAX k-means with the same starts), seeded by ``seed``.
+    two others joined, where looked at), 0.04-0.06 off the total (issue 14). ``starts=N``
+    keeps the lowest-inertia clustering of N starts of scikit-learn's k-means (its default
+    ``n_init`` for years, and about a hundred times faster on the CPU than scib-metrics'
+    JAX k-means with the same starts), seeded by ``seed``.
     """
     if starts == 1:
         import scib_metrics
@@ -274,29 +276,14 @@ def score_method(
 
     if result.uns.get("status", "ok") != "ok":
         return failed_rows(method, str(result.uns.get("error", "failed")), with_labels)
-    if uncorrected.uns.get("status", "ok") != "ok":
-        raise InputError("uncorrected result", "the uncorrected baseline failed")
-    if set(result.obs_names) != set(uncorrected.obs_names) or result.n_obs != uncorrected.n_obs:
-        raise InputError(
-            "integration result", f"samples of {method!r} differ from the uncorrected result"
-        )
+    _check_same_samples(method, result, uncorrected)
     is_uncorrected, n_total = result is uncorrected, result.n_obs
     # the subsample's rows in the result's order, like any reordered result
     result = result_rows.take(result, samples, method)
 
     reference = {} if reference is None else reference
     try:
-        # The PCA depends on the row order: reused only for results in the same order.
-        if not result.obs_names.equals(reference.get("obs_names")):
-            reference.clear()
-            pre = result_rows.take(uncorrected, result.obs_names, "uncorrected", True)
-            reference["pca"] = scoring_representation(pre, seed)
-            reference["obs_names"] = result.obs_names.copy()
-        # Copies: a metric that changed its input in place would change the next method's.
-        x_pre = reference["pca"].copy()
-        x = x_pre.copy() if is_uncorrected else scoring_representation(result, seed)
-        if not np.isfinite(x).all():
-            raise ValueError("representation has non-finite values")
+        x_pre, x = _representations(result, uncorrected, reference, seed, is_uncorrected)
     except ValueError as exc:
         return failed_rows(method, f"cannot score: {exc}", with_labels)
 
@@ -306,73 +293,155 @@ def score_method(
         if with_labels
         else np.full(result.n_obs, "all", dtype=object)
     )
-    n = result.n_obs
-    sizes = neighbor_sizes(n)
+    sizes = neighbor_sizes(result.n_obs)
     nn = compute_neighbors(x, sizes.lisi, seed)
-    nn_graph = nn.subset_neighbors(sizes.graph)
-    nn_kbet = nn.subset_neighbors(sizes.kbet)
-    n_batches = len(np.unique(batches))
+    scored = _Scored(
+        x_pre=x_pre,
+        x=x,
+        batches=batches,
+        labels=labels,
+        with_labels=with_labels,
+        seed=seed,
+        nn=nn,
+        nn_graph=nn.subset_neighbors(sizes.graph),
+        nn_kbet=nn.subset_neighbors(sizes.kbet),
+    )
+    metrics = _Metrics(method, n_batches=len(np.unique(batches)))
+    _bio_metrics(metrics, scored, kmeans_starts)
+    _batch_metrics(metrics, scored)
+    _aggregate(metrics.values, with_labels)
+    df = _rows(method, metrics.values, with_labels, "ok", "", metrics.errors)
+    return subsample.with_subsample_rows(df, samples, n_total, seed)
 
-    values: dict[str, float] = {}
-    errors: dict[str, str] = {}
 
-    def run(name: str, fn, needs_batches: bool = False) -> None:
-        if needs_batches and n_batches < 2:
-            values[name] = float("nan")
-            errors[name] = "needs at least 2 batches"
+def _check_same_samples(
+    method: str, result: ad.AnnData | ResultFile, uncorrected: ad.AnnData | ResultFile
+) -> None:
+    """Raise unless the uncorrected baseline succeeded and holds the result's samples."""
+    if uncorrected.uns.get("status", "ok") != "ok":
+        raise InputError("uncorrected result", "the uncorrected baseline failed")
+    if set(result.obs_names) != set(uncorrected.obs_names) or result.n_obs != uncorrected.n_obs:
+        raise InputError(
+            "integration result", f"samples of {method!r} differ from the uncorrected result"
+        )
+
+
+def _representations(
+    result: ad.AnnData | ResultFile,
+    uncorrected: ad.AnnData | ResultFile,
+    reference: dict,
+    seed: int,
+    is_uncorrected: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(uncorrected PCA, scored representation) of ``result``'s rows; ValueError when the
+    result cannot be scored."""
+    # The PCA depends on the row order: reused only for results in the same order.
+    if not result.obs_names.equals(reference.get("obs_names")):
+        reference.clear()
+        pre = result_rows.take(uncorrected, result.obs_names, "uncorrected", True)
+        reference["pca"] = scoring_representation(pre, seed)
+        reference["obs_names"] = result.obs_names.copy()
+    # Copies: a metric that changed its input in place would change the next method's.
+    x_pre = reference["pca"].copy()
+    x = x_pre.copy() if is_uncorrected else scoring_representation(result, seed)
+    if not np.isfinite(x).all():
+        raise ValueError("representation has non-finite values")
+    return x_pre, x
+
+
+@dataclass(frozen=True)
+class _Scored:
+    """What the metrics of one result read: both representations, batches and labels (one
+    "all" label without a usable label column), and the neighbour graphs they share."""
+
+    x_pre: np.ndarray  # PCA of the uncorrected matrix, the result's rows
+    x: np.ndarray  # the scored representation
+    batches: np.ndarray
+    labels: np.ndarray
+    with_labels: bool
+    seed: int
+    nn: Any  # scib-metrics NeighborsResults, k = neighbor_sizes().lisi
+    nn_graph: Any  # its first neighbor_sizes().graph neighbours
+    nn_kbet: Any  # its first neighbor_sizes().kbet neighbours
+
+
+@dataclass
+class _Metrics:
+    """Each metric's value, and why each that is NaN failed."""
+
+    method: str
+    n_batches: int
+    values: dict[str, float] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def run(self, name: str, fn: Callable[[], Any], needs_batches: bool = False) -> None:
+        """Record ``fn()`` under ``name`` (a dict: each of its keys); one metric failing
+        leaves it NaN with its error and the others scored."""
+        if needs_batches and self.n_batches < 2:
+            self.values[name] = float("nan")
+            self.errors[name] = "needs at least 2 batches"
             return
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 out = fn()
             if isinstance(out, dict):
-                values.update({k: float(v) for k, v in out.items()})
+                self.values.update({k: float(v) for k, v in out.items()})
             else:
-                values[name] = float(out)
+                self.values[name] = float(out)
         except Exception as exc:
-            log.warning("%s: metric %s failed: %s", method, name, exc)
-            values[name] = float("nan")
-            errors[name] = one_line(f"{type(exc).__name__}: {exc}")
+            log.warning("%s: metric %s failed: %s", self.method, name, exc)
+            self.values[name] = float("nan")
+            self.errors[name] = one_line(f"{type(exc).__name__}: {exc}")
 
-    if with_labels:
-        run("Isolated labels", lambda: scib_metrics.isolated_labels(x, labels, batches))
 
-        def kmeans():
-            res = kmeans_nmi_ari(x, labels, kmeans_starts, seed)
-            return {"KMeans NMI": res["nmi"], "KMeans ARI": res["ari"]}
+def _bio_metrics(metrics: _Metrics, s: _Scored, kmeans_starts: int) -> None:
+    """The biological-conservation metrics, :data:`NO_LABEL_BIO_METRICS` without labels."""
+    import scib_metrics
 
-        run("KMeans NMI", kmeans)
-        if "KMeans ARI" not in values:
-            values["KMeans ARI"] = float("nan")
-            errors["KMeans ARI"] = errors.get("KMeans NMI", "")
-        run("Silhouette label", lambda: scib_metrics.silhouette_label(x, labels))
-        run("cLISI", lambda: scib_metrics.clisi_knn(nn, labels))
-    else:
-        run(
+    x, labels, batches = s.x, s.labels, s.batches
+    if not s.with_labels:
+        metrics.run(
             "Within-batch kNN Jaccard",
-            lambda: within_batch_knn_jaccard(x_pre, x, batches, WITHIN_BATCH_K),
+            lambda: within_batch_knn_jaccard(s.x_pre, x, batches, WITHIN_BATCH_K),
         )
+        return
+    metrics.run("Isolated labels", lambda: scib_metrics.isolated_labels(x, labels, batches))
 
+    def kmeans():
+        res = kmeans_nmi_ari(x, labels, kmeans_starts, s.seed)
+        return {"KMeans NMI": res["nmi"], "KMeans ARI": res["ari"]}
+
+    metrics.run("KMeans NMI", kmeans)
+    if "KMeans ARI" not in metrics.values:
+        metrics.values["KMeans ARI"] = float("nan")
+        metrics.errors["KMeans ARI"] = metrics.errors.get("KMeans NMI", "")
+    metrics.run("Silhouette label", lambda: scib_metrics.silhouette_label(x, labels))
+    metrics.run("cLISI", lambda: scib_metrics.clisi_knn(s.nn, labels))
+
+
+def _batch_metrics(metrics: _Metrics, s: _Scored) -> None:
+    """The batch-correction metrics (:func:`batch_metric_names`)."""
+    import scib_metrics
+
+    x, labels, batches, run = s.x, s.labels, s.batches, metrics.run
     sil_name = silhouette_batch_name()
     if has_bras():
         run(sil_name, lambda: scib_metrics.bras(x, labels, batches), needs_batches=True)
     else:  # pragma: no cover - scib-metrics < 0.5.5
         run(sil_name, lambda: scib_metrics.silhouette_batch(x, labels, batches), True)
-    run("iLISI", lambda: scib_metrics.ilisi_knn(nn, batches), needs_batches=True)
-    if with_labels:
-        with seeded_eigsh(seed), exact_diffusion_neighbors():
-            run("KBET", lambda: scib_metrics.kbet_per_label(nn_kbet, batches, labels), True)
-        run("Graph connectivity", lambda: scib_metrics.graph_connectivity(nn_graph, labels))
+    run("iLISI", lambda: scib_metrics.ilisi_knn(s.nn, batches), needs_batches=True)
+    if s.with_labels:
+        with seeded_eigsh(s.seed), exact_diffusion_neighbors():
+            run("KBET", lambda: scib_metrics.kbet_per_label(s.nn_kbet, batches, labels), True)
+        run("Graph connectivity", lambda: scib_metrics.graph_connectivity(s.nn_graph, labels))
     else:
-        run("KBET", lambda: scib_metrics.kbet(nn_kbet, batches)[0], needs_batches=True)
+        run("KBET", lambda: scib_metrics.kbet(s.nn_kbet, batches)[0], needs_batches=True)
     run(
         "PCR comparison",
-        lambda: scib_metrics.pcr_comparison(x_pre, x, batches, categorical=True),
+        lambda: scib_metrics.pcr_comparison(s.x_pre, x, batches, categorical=True),
         needs_batches=True,
     )
-    _aggregate(values, with_labels)
-    df = _rows(method, values, with_labels, "ok", "", errors)
-    return subsample.with_subsample_rows(df, samples, n_total, seed)
 
 
 # --------------------------------------------------------------------------- files
