@@ -85,6 +85,28 @@ def _write_history(path: str | os.PathLike, history: list[dict[str, float]]) -> 
         frame.to_csv(tmp, sep="\t", index=False)
 
 
+@dataclass(frozen=True)
+class _RunInputs:
+    """What one training run is given, checked by :func:`train_corrector`: the data, the
+    configurations and seed, and where the run reports."""
+
+    X: np.ndarray  # (n, L) log-expression, genomic order
+    labels: list[str]  # (n,) batch of each sample
+    loci: pd.DataFrame  # one row per column of X
+    mc: ModelConfig
+    tc: TrainConfig
+    seed: int
+    codes: np.ndarray  # (n,) int64 index of each sample's batch in batch_names
+    batch_names: list[str]  # sorted
+    gene_ids: list[str] | None  # loci's gene_id column, if it has one
+    covariates: np.ndarray | None  # (n,) int64 protected levels, or None
+    n_bad_inputs: int  # non-finite values of X, for the divergence message
+    checkpoint_path: str | os.PathLike | None
+    log_path: str | os.PathLike | None
+    progress: bool
+    on_epoch_end: Callable[[int, dict[str, float]], None] | None
+
+
 @dataclass
 class _Run:
     """The fixed parts of one training run."""
@@ -187,75 +209,60 @@ def train_corrector(
     dist, dev = init_distributed(tc.devices, device)
     try:
         n_bad_inputs = sum(int(block.size - np.isfinite(block).sum()) for block in row_blocks(X))
-        return _train(
-            X, labels, loci, mc, tc, seed, dev, dist, codes, batch_names, gene_ids,
-            n_bad_inputs, checkpoint_path, log_path, progress, on_epoch_end, covariates,
-        )  # fmt: skip
+        inputs = _RunInputs(
+            X=X,
+            labels=labels,
+            loci=loci,
+            mc=mc,
+            tc=tc,
+            seed=seed,
+            codes=codes,
+            batch_names=batch_names,
+            gene_ids=gene_ids,
+            covariates=covariates,
+            n_bad_inputs=n_bad_inputs,
+            checkpoint_path=checkpoint_path,
+            log_path=log_path,
+            progress=progress,
+            on_epoch_end=on_epoch_end,
+        )
+        return _train(inputs, dev, dist)
     finally:
         if dist is not None and dist.owns_group:
             torch.distributed.destroy_process_group()
 
 
 def _train(
-    X: np.ndarray,
-    labels: list[str],
-    loci: pd.DataFrame,
-    mc: ModelConfig,
-    tc: TrainConfig,
-    seed: int,
-    dev: torch.device,
-    dist: Dist | None,
-    codes: np.ndarray,
-    batch_names: list[str],
-    gene_ids: list[str] | None,
-    n_bad_inputs: int,
-    checkpoint_path: str | os.PathLike | None,
-    log_path: str | os.PathLike | None,
-    progress: bool,
-    on_epoch_end: Callable[[int, dict[str, float]], None] | None,
-    covariates: np.ndarray | None,
+    inputs: _RunInputs, dev: torch.device, dist: Dist | None
 ) -> tuple[TrainedModel, pd.DataFrame]:
+    """Train on checked ``inputs`` on ``dev`` (one process of several when ``dist`` is set);
+    :func:`train_corrector`'s result."""
     rank0 = dist is None or dist.rank == 0
+    tc, seed, codes, covariates = inputs.tc, inputs.seed, inputs.codes, inputs.covariates
+    n_batches = len(inputs.batch_names)
 
     with deterministic(dev.type == "cpu"):
         seed_everything(seed)
         train_idx, val_idx = stratified_split(codes, tc.val_fraction, seed)
         val_idx = validation_rows(val_idx, seed)
-        mean, std = column_stats(X, train_idx)
-        layout = build_layout(loci, mc.patch_size, mc.position_scale, mc.coordinate_unit)
-        model = LocusFormer(mc, layout, len(batch_names))
-        model.set_standardization(mean, std)
-        model.to(dev)
-        if tc.compile:
-            # In place: parameter names, and so checkpoints and saved models, stay as
-            # without compilation.
-            model.encoder.compile()
-        Xs = Rows(X, model.gene_mean.cpu(), model.gene_std.cpu())
-        codes_t = torch.from_numpy(codes)
-
-        optimizer = configure_optimizer(model, tc)
-        plan = epoch_plan(len(train_idx), tc)
-        total_steps = (plan.steps or math.ceil(len(train_idx) / tc.batch_size)) * plan.epochs
-        warmup_steps = max(1, round(tc.warmup_fraction * total_steps))
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, WarmupCosine(total_steps, warmup_steps)
-        )
+        model, Xs = _build_model(inputs, train_idx, dev)
+        optimizer, scheduler, plan = _optimization(model, tc, len(train_idx))
         generator = torch.Generator().manual_seed(seed)
         state = TrainingState()
-        fp = fingerprint(X, labels, loci, mc, tc, seed, covariates)
-        if checkpoint_path is not None:
-            state = resume(checkpoint_path, fp, model, optimizer, scheduler, generator) or state
-        forward = None
-        if dist is not None:
-            # Same seed everywhere: identical initial weights (DDP also broadcasts rank
-            # 0's), validation split and shuffling; each process takes its share of every
-            # global batch.
-            forward = torch.nn.parallel.DistributedDataParallel(
-                model,
-                device_ids=[dev.index] if dev.type == "cuda" else None,
-                # The buffers (standardization, layout) are the same everywhere and fixed.
-                forward_sync_buffers=False,
+        fp = fingerprint(
+            inputs.X,
+            inputs.labels,
+            inputs.loci,
+            model_config=inputs.mc,
+            train_config=tc,
+            seed=seed,
+            covariates=covariates,
+        )
+        if inputs.checkpoint_path is not None:
+            state = (
+                resume(inputs.checkpoint_path, fp, model, optimizer, scheduler, generator) or state
             )
+        forward = None if dist is None else _distributed(model, dev)
 
         bar = tqdm(
             total=plan.epochs,
@@ -263,41 +270,121 @@ def _train(
             desc="train",
             unit="epoch",
             file=sys.stderr,
-            disable=not progress or not rank0,
+            disable=not inputs.progress or not rank0,
             leave=False,
             # A log file (the workflow's case) gets a line every 30 s, not every epoch.
             mininterval=0.1 if sys.stderr.isatty() else 30.0,
         )
         targets = adversary_targets(
-            StandardizedRows(Xs), codes, len(batch_names), tc.alignment,
-            tc.alignment_neighbors, covariates, seed,
-        )  # fmt: skip
+            StandardizedRows(Xs),
+            codes,
+            n_batches,
+            alignment=tc.alignment,
+            neighbors=tc.alignment_neighbors,
+            levels=covariates,
+            seed=seed,
+        )
         run = _Run(
-            model, Xs, codes_t, torch.from_numpy(train_idx), val_idx, optimizer, scheduler,
-            generator, tc, dev, fp, n_bad_inputs, plan, dist, forward, seed,
-            batch_prior(codes[train_idx], len(batch_names), dev),
-            None if targets is None else torch.from_numpy(targets),
-            None if covariates is None else torch.from_numpy(covariates),
-        )  # fmt: skip
+            model=model,
+            Xs=Xs,
+            codes=torch.from_numpy(codes),
+            train_rows=torch.from_numpy(train_idx),
+            val_rows=val_idx,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            generator=generator,
+            tc=tc,
+            device=dev,
+            fingerprint=fp,
+            n_bad_inputs=inputs.n_bad_inputs,
+            plan=plan,
+            dist=dist,
+            forward=forward,
+            seed=seed,
+            batch_prior=batch_prior(codes[train_idx], n_batches, dev),
+            targets=None if targets is None else torch.from_numpy(targets),
+            levels=None if covariates is None else torch.from_numpy(covariates),
+        )
         with bar:
             _train_epochs(
                 run,
                 state,
-                checkpoint_path if rank0 else None,
-                log_path if rank0 else None,
-                on_epoch_end,
+                inputs.checkpoint_path if rank0 else None,
+                inputs.log_path if rank0 else None,
+                inputs.on_epoch_end,
                 bar,
             )
 
+    trained, history = _best_model(inputs, model, state, rank0)
+    if rank0 and never_compared(history):
+        warnings.warn(NEVER_COMPARED, stacklevel=3)
+    return trained, history
+
+
+def _build_model(
+    inputs: _RunInputs, train_idx: np.ndarray, dev: torch.device
+) -> tuple[LocusFormer, Rows]:
+    """A new model on ``dev``, standardized by the training rows' column statistics, and
+    the standardized rows it trains on."""
+    mc = inputs.mc
+    mean, std = column_stats(inputs.X, train_idx)
+    layout = build_layout(inputs.loci, mc.patch_size, mc.position_scale, mc.coordinate_unit)
+    model = LocusFormer(mc, layout, len(inputs.batch_names))
+    model.set_standardization(mean, std)
+    model.to(dev)
+    if inputs.tc.compile:
+        # In place: parameter names, and so checkpoints and saved models, stay as
+        # without compilation.
+        model.encoder.compile()
+    return model, Rows(inputs.X, model.gene_mean.cpu(), model.gene_std.cpu())
+
+
+def _optimization(
+    model: LocusFormer, tc: TrainConfig, n_train: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR, EpochPlan]:
+    """The optimizer, its warm-up and cosine schedule over the whole run, and the epochs
+    the run plans for ``n_train`` training rows."""
+    optimizer = configure_optimizer(model, tc)
+    plan = epoch_plan(n_train, tc)
+    total_steps = (plan.steps or math.ceil(n_train / tc.batch_size)) * plan.epochs
+    warmup_steps = max(1, round(tc.warmup_fraction * total_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, WarmupCosine(total_steps, warmup_steps)
+    )
+    return optimizer, scheduler, plan
+
+
+def _distributed(model: LocusFormer, dev: torch.device) -> torch.nn.Module:
+    """``model`` wrapped by DistributedDataParallel.
+
+    Same seed everywhere: identical initial weights (DDP also broadcasts rank 0's),
+    validation split and shuffling; each process takes its share of every global batch.
+    """
+    return torch.nn.parallel.DistributedDataParallel(
+        model,
+        device_ids=[dev.index] if dev.type == "cuda" else None,
+        # The buffers (standardization, layout) are the same everywhere and fixed.
+        forward_sync_buffers=False,
+    )
+
+
+def _best_model(
+    inputs: _RunInputs, model: LocusFormer, state: TrainingState, rank0: bool
+) -> tuple[TrainedModel, pd.DataFrame]:
+    """The trained model with the run's best weights, in eval mode, and its history (the
+    history file rewritten whole)."""
     if state.best_state is not None:
         model.load_state_dict(state.best_state)
     model.eval()
-    if log_path is not None and rank0:
-        _write_history(log_path, state.history)
-    record = ModelRecord(batch_names, gene_ids, loci=loci.reset_index(drop=True), seed=seed)
+    if inputs.log_path is not None and rank0:
+        _write_history(inputs.log_path, state.history)
+    record = ModelRecord(
+        inputs.batch_names,
+        inputs.gene_ids,
+        loci=inputs.loci.reset_index(drop=True),
+        seed=inputs.seed,
+    )
     history = pd.DataFrame(state.history, columns=HISTORY_COLUMNS)
-    if rank0 and never_compared(history):
-        warnings.warn(NEVER_COMPARED, stacklevel=3)
     return TrainedModel(model, record), history
 
 
@@ -330,7 +417,15 @@ def _train_epochs(
         row = {"epoch": epoch + 1, **_run_epoch(run, weights, clusters, epoch)}
         row["clusters_compared"] = compared
         row.update(
-            validate(model, run.Xs, run.codes, run.val_rows, tc.batch_size, run.device, run.dist)
+            validate(
+                model,
+                run.Xs,
+                run.codes,
+                run.val_rows,
+                batch_size=tc.batch_size,
+                dev=run.device,
+                dist=run.dist,
+            )
         )
         row["lr"] = run.scheduler.get_last_lr()[0]
         row["adversary_weight"] = ramp * tc.adversary_weight
@@ -355,10 +450,10 @@ def _train_epochs(
                 checkpoint_path,
                 run.fingerprint,
                 model,
-                run.optimizer,
-                run.scheduler,
-                run.generator,
-                state,
+                optimizer=run.optimizer,
+                scheduler=run.scheduler,
+                generator=run.generator,
+                state=state,
             )
         if log_path is not None:
             _write_history(log_path, state.history)
@@ -415,9 +510,12 @@ def _run_epoch(
     for (xb, bb, tb), rows in zip(batches, order.split(tc.batch_size), strict=True):
         with autocast(dev):
             out = model(
-                xb, bb, adversary_weight=weights.confusion, adversary=tc.adversary,
+                xb,
+                bb,
+                adversary_weight=weights.confusion,
+                adversary=tc.adversary,
                 cycle_batch=_other_batches(bb, model.n_batches, weights, run.generator),
-            )  # fmt: skip
+            )
         prior = run.batch_prior if tb is None else tb
         levels = None if run.levels is None else run.levels.index_select(0, rows).to(dev)
         loss = model.loss(xb, bb, out, weights, prior, clusters=clusters, levels=levels)
@@ -448,9 +546,12 @@ def _epoch_clusters(run: _Run, weights: LossWeights, epoch: int) -> Clusters | N
         rng = np.random.default_rng([run.seed, 4, epoch])
         rows = rows[np.sort(rng.choice(len(rows), CLUSTER_MAX_SAMPLES, replace=False))]
     found = latent_clusters(
-        _latents(run, rows), run.codes[rows].numpy(), model.n_batches,
-        tc.batch_mean_clusters, seed=run.seed,
-    )  # fmt: skip
+        _latents(run, rows),
+        run.codes[rows].numpy(),
+        model.n_batches,
+        tc.batch_mean_clusters,
+        seed=run.seed,
+    )
     tensors = (torch.from_numpy(a).to(run.device) for a in found)
     return Clusters(*tensors, CLUSTER_SIGMA, cover=tc.batch_mean_cover)
 
@@ -523,9 +624,12 @@ def _run_epoch_distributed(
             cycle = cycle[start : start + len(rows)].to(dev, non_blocking=cuda)
         with autocast(dev):
             out = run.forward(
-                xb, bb, adversary_weight=weights.confusion, adversary=tc.adversary,
+                xb,
+                bb,
+                adversary_weight=weights.confusion,
+                adversary=tc.adversary,
                 cycle_batch=cycle,
-            )  # fmt: skip
+            )
         z_all = gather_rows(out.latent, sizes, dist.rank)
         b_all = run.codes.index_select(0, chunk).to(dev, non_blocking=cuda)
         prior, t_all = run.batch_prior, None
