@@ -39,9 +39,11 @@ def test_fit_map_save_load_round_trip(tmp_path) -> None:
     np.testing.assert_array_equal(again.layers["corrected"], out.layers["corrected"])
 
 
-def test_fit_needs_coordinates_or_an_annotation() -> None:
+def test_fit_without_coordinates_places_genes_with_the_bundled_table() -> None:
+    # Neither var coordinates nor annotation=: the human table is used, and ids it does
+    # not know are one line, not a traceback.
     adata = ad.AnnData(X=np.ones((4, 3), dtype=np.float32), obs=pd.DataFrame({"b": list("aabb")}))
-    with pytest.raises(InputError, match="needs chrom and start columns"):
+    with pytest.raises(InputError, match="no gene of the matrix .* has coordinates"):
         lf.fit(adata, "b")
     with pytest.raises(InputError, match="no batch column 'x'"):
         lf.fit(adata, "x")

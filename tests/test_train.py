@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -179,16 +180,18 @@ def test_stratified_split_keeps_every_batch() -> None:
     assert set(codes[train]) == {0, 1, 2}
 
 
-def test_nan_input_raises_training_diverged_naming_epoch_and_step(data) -> None:
+@pytest.mark.parametrize(
+    ("bad", "words"),
+    [(np.nan, "non-finite value (NaN or infinite) at row 6"), (1e6, "values go up to 1e+06")],
+)
+def test_bad_input_is_refused_before_training_not_a_divergence(data, bad, words) -> None:
+    # Bad input is the user's to fix: one InputError naming it, not a run that diverges.
     X, labels, loci = data
     X = X.copy()
-    X[5, 7] = np.nan
-    with pytest.raises(
-        TrainingDivergedError, match=r"epoch 1, step 1\b.*1 non-finite values"
-    ) as err:
+    X[5, 7] = bad
+    with pytest.raises(InputError, match=re.escape(words)) as err:
         train_corrector(X, labels, loci, MODEL, TRAIN, seed=0, device="cpu", progress=False)
     assert "\n" not in str(err.value)
-    assert isinstance(err.value, RuntimeError)
 
 
 def test_exploding_loss_raises_training_diverged(data) -> None:

@@ -158,6 +158,39 @@ def _one_thread_per_op() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def encode(
+    model: TrainedModel,
+    X: np.ndarray,
+    *,
+    chunk_size: int = CHUNK_SIZE,
+    device: str | torch.device = "auto",
+) -> np.ndarray:
+    """The latent (n, Z) float32 of samples x loci ``X``: the encoder alone, the same
+    numbers :func:`iter_correct` yields (the encoder never sees the batch)."""
+    X = as_matrix(X)
+    if X.shape[1] != model.n_loci:
+        raise InputError(
+            "expression matrix", f"has {X.shape[1]} loci, the model was trained on {model.n_loci}"
+        )
+    if chunk_size < 1:
+        raise InputError("batch_size", f"must be >= 1, got {chunk_size}")
+    dev = resolve_device(device)
+    net = model.module
+    was_training = net.training
+    net.eval().to(dev)
+    latent = np.empty((X.shape[0], model.config.latent_dim), dtype=np.float32)
+    try:
+        with torch.inference_mode():
+            for a in range(0, len(X), chunk_size):
+                x = net.standardize(torch.from_numpy(X[a : a + chunk_size]).to(dev))
+                with autocast(dev):
+                    z, _ = net.encode(x)
+                latent[a : a + chunk_size] = z.float().cpu().numpy()
+    finally:
+        net.train(was_training)
+    return latent
+
+
 def correct(
     model: TrainedModel,
     X: np.ndarray | pd.DataFrame,

@@ -69,11 +69,11 @@ def read_annotation(path: PathLike, gene_id: str) -> pd.DataFrame:
     frame = frame[frame["gene_id"].astype(str).str.strip() != ""].copy()
     if frame.empty:
         raise InputError(path, f"annotation has no records with a {gene_id!r} id")
-    frame = _numeric_spans(frame, path)
+    frame = numeric_spans(frame, path)
     return frame.reset_index(drop=True)
 
 
-def _numeric_spans(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
+def numeric_spans(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     """Starts and ends as integers, each record a span on the genome (1 <= start <= end).
 
     Records without numbers are dropped with a warning (a GTF's or table's odd rows);
@@ -143,3 +143,10 @@ def _read_gtf(path: Path, gene_id: str) -> pd.DataFrame:
     return pd.DataFrame(
         {"gene_id": ids, "chrom": genes["chrom"], "start": genes["start"], "end": genes["end"]}
     ).dropna(subset=["gene_id"])
+
+
+def bundled_annotation() -> Path | None:
+    """The human gene table of the source tree (``resources/hs_gene_coordinates.tsv.gz``),
+    when this package runs from one; None for an installed wheel, which does not ship it."""
+    path = Path(__file__).resolve().parents[3] / "resources" / "hs_gene_coordinates.tsv.gz"
+    return path if path.is_file() else None

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from locusformer.errors import InputError
 from locusformer.io.atomic import atomic_path
-from locusformer.io.checks import check_unique
+from locusformer.io.checks import check_chunk, check_unique
 
 PathLike = str | os.PathLike
 
@@ -232,6 +232,10 @@ def _matrix_block(
         check_unique(path, ids, "sample")  # a repeat within the block
         again = ids[np.isin(hashes, np.concatenate(seen))] if seen else ids[:0]
         raise InputError(path, f"duplicate sample ids: {(again if len(again) else ids)[0]!r}")
+    # Every reader of a matrix refuses NaN and infinity here, naming the file: what a step
+    # computed from them would be NaN too, or a training run would diverge, far from the
+    # cause.
+    check_chunk(path, values.T, sum(len(s) for s in seen))
     seen.append(ordered)
     return pd.DataFrame(values.T, index=ids, columns=wanted, copy=False)
 

@@ -50,3 +50,17 @@ def read_batches(
         bad = table.index[table[batch_key] == ""][0]
         raise InputError(samples_path, f"empty {batch_key!r} for sample {bad!r}")
     return table
+
+
+def read_loci(path: str | os.PathLike) -> pd.DataFrame:
+    """Read ``loci.parquet`` (the order-loci step's table: one row per locus, in the
+    model's token order, ``gene_id`` among its columns)."""
+    try:
+        loci = pd.read_parquet(path, engine="pyarrow")
+    except FileNotFoundError:
+        raise InputError(path, "file not found") from None
+    except Exception as err:
+        raise InputError(path, f"cannot read parquet ({type(err).__name__}: {err})") from None
+    if "gene_id" not in loci.columns:
+        raise InputError(path, "missing column 'gene_id'")
+    return loci

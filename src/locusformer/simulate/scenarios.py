@@ -89,11 +89,15 @@ MAX_LOG_FOLD_CHANGE = 3.0
 MAX_LOG_SCALE_SDS = 2.5
 #: :meth:`Scenario.scaled` never goes below this many samples (the bulk-like size).
 MIN_SCALED_SAMPLES = 40
-#: Counts of a single-cell library: :class:`CountSimulationParams`' defaults, 2.7 times as
-#: deep (about 250 counts a cell on 500 genes, against 95), so that a cell of a shallow
-#: batch under a strong depth effect still has counts: normalization refuses empty samples,
-#: as real data have them filtered out.
-SINGLE_CELL_COUNTS = {"mean_log_expression": -1.0}
+#: Counts of a single-cell library: :class:`CountSimulationParams`' model, 7.4 times as
+#: deep (about 1,500 counts a cell on 500 genes, against 95 at its defaults). At the
+#: defaults the count noise hid the groups (bio 0.35 with no batch effect at all), and a
+#: cell of a shallow batch under a strong depth effect could have no counts, which
+#: normalization refuses (real data have such cells filtered out).
+SINGLE_CELL_COUNTS = {"mean_log_expression": 0.0}
+#: Share of the genes in each programme: twice ``simulate_counts``' 5%, for the same
+#: reason (ten blocks of ten genes per programme on 1,000 genes).
+PROGRAMME_FRACTION = 0.1
 #: Counts of a bulk library: deep, little overdispersion, no dropout.
 BULK_COUNTS = {"mean_log_expression": 3.0, "dispersion": 0.05, "dropout": 0.0, "library_sd": 0.2}
 
@@ -396,10 +400,11 @@ def simulate_scenario(
 
 def _count_params(s: Scenario, seed: int) -> CountSimulationParams:
     defaults = CountSimulationParams()
-    unit_shift = defaults.group_effect * math.sqrt(defaults.programme_fraction)
+    unit_shift = defaults.group_effect * math.sqrt(PROGRAMME_FRACTION)
     library = BULK_COUNTS if s.library == "bulk" else SINGLE_CELL_COUNTS
     return dataclasses.replace(
         defaults,
+        programme_fraction=PROGRAMME_FRACTION,
         n_samples=s.n_samples,
         n_genes=s.n_genes,
         n_batches=s.n_batches,

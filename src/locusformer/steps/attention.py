@@ -8,13 +8,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from locusformer.errors import InputError
 from locusformer.infer.correct import attention_map, batch_codes, round_robin
 from locusformer.io import atomic
 from locusformer.io.parquet import iter_matrix_parquet
-from locusformer.io.samples import read_batches
+from locusformer.io.samples import read_batches, read_loci
 from locusformer.model.files import TrainedModel, load_model
 from locusformer.model.network import CHROMOSOMES
 from locusformer.steps.outputs import matching_ids
@@ -69,8 +68,8 @@ def run_attention(
     model = load_model(weights_path, config_path).to(resolve_device(device))
     sample_ids, _ = matching_ids(ordered_path, model)
     if loci_path is not None:
-        loci = pd.read_parquet(loci_path, engine="pyarrow")
-        if loci.get("gene_id", pd.Series(dtype=str)).astype(str).tolist() != model.gene_ids:
+        loci = read_loci(loci_path)
+        if loci["gene_id"].astype(str).tolist() != model.gene_ids:
             raise InputError(loci_path, f"gene ids do not match the model in {weights_path}")
     batches = read_batches(samples_path, batch_key, sample_ids)[batch_key].tolist()
     # Only the samples the map is averaged over are read, block by block.

@@ -14,6 +14,7 @@ from locusformer.infer.correct import BLOCK_VALUES, CHUNK_SIZE, batch_codes, cor
 from locusformer.io.parquet import iter_matrix_parquet, rows_per_chunk
 from locusformer.io.samples import read_batches
 from locusformer.model.files import load_model
+from locusformer.pp.normalize import ValueScan
 from locusformer.steps.outputs import fewer_malloc_arenas, matching_ids, open_outputs, read_ahead
 
 
@@ -77,7 +78,11 @@ def run_correct(
         written = None
         done = 0
         step = rows_per_chunk(model.n_loci, BLOCK_VALUES)
+        # The reader refuses NaN and infinity; counts where log-expression belongs pass
+        # it, and would be corrected into plausible-looking numbers.
+        scale = ValueScan("log_expression", str(ordered_path))
         for ids, X in read_ahead(iter_matrix_parquet(ordered_path, "ordered matrix", rows=step)):
+            scale.add(X)
             rows = slice(done, done + len(X))
             corrected, latent = correct(
                 model,

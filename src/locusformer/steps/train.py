@@ -11,14 +11,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from locusformer.errors import InputError
 from locusformer.io import atomic
-from locusformer.io.samples import read_batches
+from locusformer.io.samples import read_batches, read_loci
 from locusformer.model.config import split_params
 from locusformer.model.files import TrainedModel, read_normalization, save_model
 from locusformer.pp.batches import refuse_protected_batch
+from locusformer.pp.validate import check_log_expression
 from locusformer.train.alignment import covariate_levels
 from locusformer.train.data import ordered_matrix
 from locusformer.train.loop import train_corrector
@@ -56,16 +55,9 @@ def run_train(
     scratch = Path(checkpoint_path if checkpoint_path is not None else weights_out).parent
     with ordered_matrix(ordered_path, train_config.data_on_disk, scratch) as ordered:
         X, sample_ids, columns = ordered
-        try:
-            loci = pd.read_parquet(loci_path, engine="pyarrow")
-        except FileNotFoundError:
-            raise InputError(loci_path, "file not found") from None
-        except Exception as err:
-            raise InputError(
-                loci_path, f"cannot read parquet ({type(err).__name__}: {err})"
-            ) from None
-        if "gene_id" not in loci.columns:
-            raise InputError(loci_path, "missing column 'gene_id'")
+        # Named here: the library's own check would name an "expression matrix".
+        check_log_expression(X, str(ordered_path))
+        loci = read_loci(loci_path)
         genes = loci["gene_id"].astype(str).tolist()
         if genes != columns:
             raise InputError(loci_path, f"gene ids do not match the columns of {ordered_path}")

@@ -20,7 +20,7 @@ from locusformer.train.runtime import autocast
 LOSS_WORDS = {"recon": "reconstruction", "batch_mean": "batch mean", "level_mean": "level mean"}
 
 
-def check_finite(losses: torch.Tensor, epoch: int, n_bad_inputs: int) -> None:
+def check_finite(losses: torch.Tensor, epoch: int) -> None:
     """Raise TrainingDivergedError at the first step (row of ``losses``) not finite."""
     bad = (~torch.isfinite(losses)).any(dim=1)
     if not bool(bad.any()):
@@ -30,10 +30,8 @@ def check_finite(losses: torch.Tensor, epoch: int, n_bad_inputs: int) -> None:
     values = dict(zip(words, losses[step].tolist(), strict=True))
     total = values.pop("total")
     parts = ", ".join(f"{word} {value}" for word, value in values.items())
-    hint = f"; the input has {n_bad_inputs} non-finite values" if n_bad_inputs else ""
     raise TrainingDivergedError(
-        f"training diverged at epoch {epoch + 1}, step {step + 1}: total loss {total} "
-        f"({parts}){hint}"
+        f"training diverged at epoch {epoch + 1}, step {step + 1}: total loss {total} ({parts})"
     )
 
 

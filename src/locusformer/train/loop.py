@@ -31,6 +31,7 @@ from locusformer.model.files import ModelRecord, TrainedModel, cpu_state, load_m
 from locusformer.model.layout import build_layout
 from locusformer.model.losses import Clusters
 from locusformer.model.network import LocusFormer, Loss, LossWeights
+from locusformer.pp.validate import check_log_expression
 from locusformer.train.alignment import (
     CLUSTER_MAX_SAMPLES,
     CLUSTER_SIGMA,
@@ -47,7 +48,6 @@ from locusformer.train.data import (
     batch_prior,
     column_stats,
     minibatches,
-    row_blocks,
     stratified_split,
 )
 from locusformer.train.distributed import Dist, gather_rows, init_distributed
@@ -100,7 +100,6 @@ class _RunInputs:
     batch_names: list[str]  # sorted
     gene_ids: list[str] | None  # loci's gene_id column, if it has one
     covariates: np.ndarray | None  # (n,) int64 protected levels, or None
-    n_bad_inputs: int  # non-finite values of X, for the divergence message
     checkpoint_path: str | os.PathLike | None
     log_path: str | os.PathLike | None
     progress: bool
@@ -122,7 +121,6 @@ class _Run:
     tc: TrainConfig
     device: torch.device
     fingerprint: str
-    n_bad_inputs: int  # non-finite input values, for the divergence message
     plan: EpochPlan  # the epochs to run, and what one is
     dist: Dist | None = None  # set when training with DistributedDataParallel
     forward: torch.nn.Module | None = None  # the DDP wrapper of model (None: model)
@@ -206,9 +204,10 @@ def train_corrector(
         if covariates.shape != (n,) or covariates.min(initial=0) < 0:
             raise InputError("covariates", f"expected {n} levels >= 0, got {covariates.shape}")
     gene_ids = loci["gene_id"].astype(str).tolist() if "gene_id" in loci.columns else None
+    # Bad input is the user's to fix, said in one line: not a run that diverges later.
+    check_log_expression(X, "expression matrix")
     dist, dev = init_distributed(tc.devices, device)
     try:
-        n_bad_inputs = sum(int(block.size - np.isfinite(block).sum()) for block in row_blocks(X))
         inputs = _RunInputs(
             X=X,
             labels=labels,
@@ -220,7 +219,6 @@ def train_corrector(
             batch_names=batch_names,
             gene_ids=gene_ids,
             covariates=covariates,
-            n_bad_inputs=n_bad_inputs,
             checkpoint_path=checkpoint_path,
             log_path=log_path,
             progress=progress,
@@ -296,7 +294,6 @@ def _train(
             tc=tc,
             device=dev,
             fingerprint=fp,
-            n_bad_inputs=inputs.n_bad_inputs,
             plan=plan,
             dist=dist,
             forward=forward,
@@ -524,7 +521,7 @@ def _run_epoch(
         correct += (out.batch_logits.argmax(-1) == bb).sum()
         seen += len(bb)
     losses = torch.stack(per_step).cpu()  # (steps, terms)
-    check_finite(losses, epoch, run.n_bad_inputs)
+    check_finite(losses, epoch)
     return {**loss_means(losses), "train_disc_acc": float(correct) / max(1, seen)}
 
 
@@ -659,7 +656,7 @@ def _run_epoch_distributed(
     total = total + weights.ramp * (weights.batch_mean * batch_mean + weights.mmd * mmd)
     total = total + weights.level_mean * level_mean
     losses = torch.cat([losses, total[:, None]], dim=1)  # (steps, terms) as on one process
-    check_finite(losses, epoch, run.n_bad_inputs)
+    check_finite(losses, epoch)
     right, total_seen = counts.tolist()
     return {**loss_means(losses), "train_disc_acc": right / max(1.0, total_seen)}
 
