@@ -43,7 +43,7 @@ def test_fit_without_coordinates_places_genes_with_the_bundled_table() -> None:
     # Neither var coordinates nor annotation=: the human table is used, and ids it does
     # not know are one line, not a traceback.
     adata = ad.AnnData(X=np.ones((4, 3), dtype=np.float32), obs=pd.DataFrame({"b": list("aabb")}))
-    with pytest.raises(InputError, match="no gene of the matrix .* has coordinates"):
+    with pytest.raises(InputError, match=r"no gene of the matrix .* has coordinates"):
         lf.fit(adata, "b")
     with pytest.raises(InputError, match="no batch column 'x'"):
         lf.fit(adata, "x")
