@@ -1,0 +1,213 @@
+"""Every corrector on the simulated suite: one table to choose LocusFormer's defaults on.
+
+For each scenario of :data:`locusformer.simulate.scenarios.SUITE` and each seed, simulates
+the counts (truth known), normalizes them as the workflow's ``normalize`` rule does
+(:func:`locusformer.pp.normalize.normalize`, ``NormalizeParams()`` defaults), orders the
+loci by the simulation's own gene table (:func:`locusformer.pp.loci.order_loci`), runs
+every method in process as ``benchmarks/quality/variants.py`` does (the baselines by
+``run_method``; LocusFormer trained at its defaults and its corrected matrix scored) and
+scores it with the workflow's ``score_method`` against the simulated label. One row per
+(scenario, method, seed) is appended to ``--work``/results.tsv (scenario, method, seed,
+batch, bio, total, seconds: train + correct, or the baseline's run; they depend on the
+machine's load), every metric to ``--work``/details.tsv, and the call with the date,
+commit and machine to ``--work``/runs.jsonl.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/simulated/suite.py --work W --seeds 0 1 2
+    # a quick look: datasets of at most 300 samples and 500 genes, four methods
+    .venv/bin/python benchmarks/simulated/suite.py --work W --seeds 0 --size-scale 0.5 \\
+        --max-samples 300 --genes 500 --methods uncorrected combat harmony locusformer
+    .venv/bin/python benchmarks/simulated/suite.py --work W --table
+
+``--training '{"max_epochs": 10}'`` trains LocusFormer with those overrides; its rows are
+then named ``locusformer {"max_epochs": 10}``, not ``locusformer`` (the defaults), so the
+table never passes one off as the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from results_tables import SIMULATED_COLUMNS, simulated_rows, simulated_text  # noqa: E402
+
+from locusformer.simulate.scenarios import SUITE, Scenario, simulate_scenario  # noqa: E402
+
+Method = Literal["uncorrected", "combat", "harmony", "scvi", "sysvi", "locusformer"]
+METHODS: tuple[str, ...] = get_args(Method)
+BATCH_KEY, LABEL_KEY = "batch", "group"
+
+
+def prepare(scenario: Scenario, seed: int):
+    """The simulated data set as the workflow would hand it to the correctors.
+
+    Returns
+    -------
+    The normalized matrix in genomic order (samples x loci AnnData, ``obs`` with batch
+    and label), the raw counts of the same samples and loci (scVI's input) and the loci
+    table.
+    """
+    import anndata as ad
+
+    from locusformer.pp.loci import order_loci
+    from locusformer.pp.normalize import NormalizeParams, normalize
+
+    sim = simulate_scenario(scenario, seed)
+    obs = sim.samples.set_index("sample_id")[[BATCH_KEY, LABEL_KEY]].astype("category")
+    raw = ad.AnnData(X=sim.counts(), obs=obs)
+    raw.var_names = sim.genes["gene_id"].to_numpy()
+    normalized, _ = normalize(raw, "counts", BATCH_KEY, NormalizeParams(), source=str(scenario))
+    # The simulation's genes are the annotation: every gene is placed, as a real matrix's
+    # genes are by the bundled table.
+    annotation = sim.genes[["gene_id", "chrom", "start", "end"]]
+    loci, _ = order_loci(normalized.var_names, annotation, "ensembl_id")
+    order = loci["gene_id"].tolist()
+    ordered = normalized[:, order].copy()
+    counts = pd.DataFrame(
+        ordered.layers["counts"], index=ordered.obs_names, columns=ordered.var_names
+    )
+    del ordered.layers["counts"]
+    return ordered, counts, loci
+
+
+def run_one(
+    name: str,
+    scenario: Scenario,
+    seed: int,
+    methods: list[str],
+    training: dict[str, Any] | None,
+    work: Path,
+) -> None:
+    """Every method on one simulated data set; one row each into ``work``/results.tsv."""
+    from locusformer.baselines.methods import run_method
+    from locusformer.errors import one_line
+    from locusformer.infer.correct import correct
+    from locusformer.io.results import make_result
+    from locusformer.scoring.metrics import score_method
+    from locusformer.train.loop import train_corrector
+
+    adata, counts, loci = prepare(scenario, seed)
+    uncorrected = run_method("uncorrected", adata.copy(), BATCH_KEY, 0)
+    batches = adata.obs[BATCH_KEY].astype(str).tolist()
+    for method in methods:
+        start = time.perf_counter()
+        label = method
+        try:
+            if method == "locusformer":
+                # The defaults unless --training says otherwise, and then the name says so.
+                label = "locusformer" + (f" {json.dumps(training)}" if training else "")
+                model, _ = train_corrector(
+                    adata.X, batches, loci, None, training, seed=seed, progress=False
+                )
+                corrected, _ = correct(model, adata.X, batches)
+                result = make_result(
+                    corrected, method="locusformer", representation="matrix", obs=adata.obs,
+                    var_names=adata.var_names, batch_key=BATCH_KEY, label_key=LABEL_KEY,
+                )  # fmt: skip
+            else:
+                result = run_method(method, adata.copy(), BATCH_KEY, seed, counts=counts)
+            seconds = time.perf_counter() - start
+            scores = score_method(result, uncorrected, BATCH_KEY, LABEL_KEY, seed=seed)
+            values = scores.set_index("metric")["value"]
+        except Exception as err:
+            # One failure must not end a run of hundreds: the row says it failed (no
+            # scores) and the table counts it.
+            seconds = time.perf_counter() - start
+            print(f"{name}\t{label}\t{seed}\tfailed: {one_line(err)}", file=sys.stderr)
+            values = pd.Series({"Batch correction": np.nan, "Bio conservation": np.nan})
+            values["Total"] = np.nan
+        row = [name, label, seed, values["Batch correction"], values["Bio conservation"]]
+        line = "\t".join(map(str, [*row, values["Total"], round(seconds, 1)]))
+        print(line, flush=True)
+        with open(work / "results.tsv", "a") as fh:
+            fh.write(line + "\n")
+        with open(work / "details.tsv", "a") as fh:
+            fh.writelines(f"{name}\t{label}\t{seed}\t{k}\t{v}\n" for k, v in values.items())
+
+
+def record_run(work: Path, args: argparse.Namespace) -> None:
+    """Append what a results table must say of this run to ``work``/runs.jsonl: the date,
+    the commit (and whether the tree had uncommitted changes), the machine and the call."""
+    import torch
+
+    def git(*cmd: str) -> str:
+        out = subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True)
+        return out.stdout.strip()
+
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [
+        line.split(":", 1)[1].strip()
+        for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
+        if line.startswith("model name")
+    ]
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    row = {
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "machine": f"{names[0] if names else platform.processor()}, {os.cpu_count()} cores"
+        + (f", {gpu}" if gpu else ""),
+        "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
+        "torch": torch.__version__,
+        "scenarios": args.scenarios,
+        "seeds": args.seeds,
+        "methods": args.methods,
+        "size_scale": args.size_scale,
+        "max_samples": args.max_samples,
+        "genes": args.genes,
+        "training": args.training,
+    }
+    with open(work / "runs.jsonl", "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "out" / "simulated")
+    parser.add_argument("--scenarios", nargs="+", default=list(SUITE), choices=list(SUITE))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument(
+        "--size-scale", type=float, default=1.0,
+        help="multiply every scenario's samples by this (never below 40; Scenario.scaled)",
+    )  # fmt: skip
+    parser.add_argument("--max-samples", type=int, default=None, help="at most this many")
+    parser.add_argument("--genes", type=int, default=None, help="genes instead of 1000")
+    parser.add_argument(
+        "--training", type=json.loads, default=None,
+        help="JSON overrides of LocusFormer's training (rows then named by them)",
+    )  # fmt: skip
+    parser.add_argument("--table", action="store_true", help="print the table and stop")
+    args = parser.parse_args()
+    if args.table:
+        print(simulated_text(args.work, simulated_rows(args.work)))
+        return
+    import torch
+
+    # Threads as the table records them (OMP_NUM_THREADS), not torch's guess.
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    args.work.mkdir(parents=True, exist_ok=True)
+    record_run(args.work, args)
+    print("\t".join(SIMULATED_COLUMNS), flush=True)
+    for name in args.scenarios:
+        scenario = SUITE[name].scaled(
+            args.size_scale, max_samples=args.max_samples, n_genes=args.genes
+        )
+        for seed in args.seeds:
+            run_one(name, scenario, seed, args.methods, args.training, args.work)
+
+
+if __name__ == "__main__":
+    main()
