@@ -301,3 +301,28 @@ def test_given_is_none_for_an_empty_missing_or_na_cell():
     row = pd.Series({"a": "x", "b": "", "c": float("nan")})
     assert sheets.given(row, "a") == "x"
     assert [sheets.given(row, c) for c in ("b", "c", "d")] == [None, None, None]
+
+
+def test_nan_and_infinity_anywhere_in_the_config_are_refused():
+    from locusformer.io.sheets import check_finite_numbers
+
+    check_finite_numbers({"seed": 0, "normalize": {"target_sum": 1e4}, "x": [1.0, "nan"]})
+    with pytest.raises(InputError, match=r"config: normalize\.target_sum: must be a finite"):
+        check_finite_numbers({"normalize": {"target_sum": float("nan")}})
+    with pytest.raises(InputError, match=r"config: metrics\.weights\[1\]"):
+        check_finite_numbers({"metrics": {"weights": [0.4, float("-inf")]}})
+
+
+def test_a_protected_batch_column_or_a_missing_one_is_refused(tmp_path):
+    from locusformer.io.sheets import check_protected_columns
+
+    samples = tmp_path / "s.tsv"
+    samples.write_text("sample_id\tplate\tlab\tcell_line\ns1\tp1\tl1\tA\n")
+    sheet = pd.DataFrame(
+        {"batch_key": ["plate+lab"], "samples": [str(samples)]}, index=pd.Index(["d"], name="name")
+    )
+    check_protected_columns(sheet, ["cell_line"], "sheet.tsv")
+    with pytest.raises(InputError, match="protect names 'lab', its batch column"):
+        check_protected_columns(sheet, ["lab"], "sheet.tsv")
+    with pytest.raises(InputError, match="protect names 'genotype', which the sample sheet"):
+        check_protected_columns(sheet, ["genotype"], "sheet.tsv")

@@ -182,3 +182,23 @@ def test_dataset_names_that_would_share_files_are_refused(tmp_path, names, said)
     assert result.returncode != 0
     assert said in result.stdout + result.stderr
     assert not (workdir / "results").exists()
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ({"normalize": {"target_sum": float("nan")}}, "normalize.target_sum: must be a finite"),
+        ({"training": {"lr": float("inf")}}, "training.lr: must be a finite number"),
+        ({"protect": ["protocol"]}, "protect names 'protocol', its batch column"),
+        ({"protect": ["genotype"]}, "protect names 'genotype', which the sample sheet"),
+    ],
+    ids=["nan", "inf", "protect the batch", "protect a missing column"],
+)
+def test_config_problems_a_dry_run_can_see_are_refused_there(tmp_path, config, said):
+    # Seen at `snakemake -n`, before normalize, order-loci and the baselines have run.
+    workdir = _workdir(tmp_path, config, [_demo_row()])
+    result = _snakemake(workdir, "-n")
+    assert result.returncode != 0
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if "error" in line]
+    assert len(lines) == 1 and said in lines[0], lines
+    assert not (workdir / "results").exists()

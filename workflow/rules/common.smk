@@ -44,6 +44,8 @@ def refuse(message):
 try:
     from locusformer.errors import InputError
     from locusformer.io.sheets import (
+        check_finite_numbers,
+        check_protected_columns,
         check_samples,
         given,
         load_schema,
@@ -72,6 +74,10 @@ def validated(data, schema, source):
 
 
 validated(config, "../schemas/config.schema.yaml", "config")
+try:
+    check_finite_numbers(config)
+except InputError as e:
+    refuse(e)
 
 # The datasets sheet, read and checked by locusformer.io.sheets (a deploying workflow's
 # skip_validation skips its schema, as it does the config's).
@@ -85,6 +91,7 @@ try:
         ),
     )
     check_samples(DATASETS, config["datasets"])
+    check_protected_columns(DATASETS, config["protect"], config["datasets"])
     # Datasets mapped onto a trained model (`locusformer map`) and the ones trained here.
     MODEL_SOURCES = model_sources(DATASETS, config["datasets"])
 except InputError as e:

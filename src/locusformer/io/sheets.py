@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import copy
 import io
+import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +179,59 @@ def check_samples(sheet: pd.DataFrame, path: PathLike) -> None:
                 "samples is empty; only an .h5ad expression"
                 " (whose obs holds the batch column) can do without a sample sheet",
             )
+
+
+def check_finite_numbers(config: Any, source: str = "config") -> None:
+    """Refuse NaN and infinity anywhere in the config: JSON Schema's bounds let them pass
+    (NaN compares false with every limit), and the step that meets one fails late."""
+    if isinstance(config, Mapping):
+        for key, value in config.items():
+            check_finite_numbers(
+                value, f"{source}: {key}" if source == "config" else f"{source}.{key}"
+            )
+    elif isinstance(config, list | tuple):
+        for i, value in enumerate(config):
+            check_finite_numbers(value, f"{source}[{i}]")
+    elif isinstance(config, float) and not math.isfinite(config):
+        raise InputError(source, f"must be a finite number, got {config}")
+
+
+def check_protected_columns(sheet: pd.DataFrame, protect: Sequence[str], path: PathLike) -> None:
+    """Refuse, before any job runs, a protected column that is a dataset's batch column
+    (batch would be removed only within batch levels, that is, not at all), or that its
+    sample sheet lacks (text sheets: an .h5ad's obs is read by the steps)."""
+    for name, row in sheet.iterrows():
+        batch_columns = str(row["batch_key"]).split("+")
+        for column in protect:
+            if column == row["batch_key"] or column in batch_columns:
+                raise InputError(
+                    f"{path}, dataset {name!r}",
+                    f"protect names {column!r}, its batch column; it cannot be protected",
+                )
+        samples = given(row, "samples")
+        if samples is None or not Path(samples).is_file() or samples.endswith(".h5ad"):
+            continue
+        header = _header(Path(samples))
+        missing = [c for c in protect if header and c not in header]
+        if missing:
+            raise InputError(
+                samples,
+                f"protect names {', '.join(map(repr, missing))}, which the sample sheet of "
+                f"dataset {name!r} lacks (columns: {', '.join(header[:10])})",
+            )
+
+
+def _header(path: Path) -> list[str]:
+    """The first line's fields of a CSV/TSV sample sheet (empty when it cannot be read:
+    the normalize step then says why)."""
+    from locusformer.io.tables import TEXT_SUFFIXES, header_fields, strip_gz
+
+    if strip_gz(path)[0] not in TEXT_SUFFIXES:
+        return []
+    try:
+        return header_fields(path)
+    except InputError:
+        return []
 
 
 def model_sources(sheet: pd.DataFrame, path: PathLike) -> dict[str, tuple[str, str]]:
