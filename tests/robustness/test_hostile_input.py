@@ -20,6 +20,7 @@ from robustness_cli import (
     counts_frame,
     normalize,
     order_loci,
+    run_cli,
     sheet_frame,
 )
 
@@ -518,3 +519,21 @@ def test_nonsense_normalize_options_are_refused_in_one_line(tmp_path, option, va
     out = tmp_path / "out"
     result = normalize(tmp_path / "m.csv", tmp_path / "s.csv", out, option, value)
     assert_refused(result, out, option.removeprefix("--").replace("-", "_"), fragment)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "fragment"),
+    [
+        ("--batch-depth", "inf", "batch_depth: must be a finite number"),
+        ("--mean-log-expression", "60", "settings reach log-means near"),
+        ("--group-effect", "500", "settings reach log-means near"),
+        ("--batch-shift", "nan", "batch_shift: must be a finite number"),
+    ],
+)
+def test_simulate_options_out_of_range_are_one_line(tmp_path, option, value, fragment):
+    out = tmp_path / "out"
+    argv = [
+        "simulate", option, value, "--n-samples", "50", "--n-genes", "40",
+        "--out-expression", out / "e.h5ad", "--out-samples", out / "s.tsv",
+    ]  # fmt: skip
+    assert_refused(run_cli(argv), out, fragment)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -183,6 +184,10 @@ def default_annotation() -> Path:
     return Path(__file__).resolve().parents[3] / "resources" / "hs_gene_coordinates.tsv.gz"
 
 
+#: The largest log-mean the settings may reach (see CountSimulationParams.validate).
+MAX_LOG_MEAN = 41.0
+
+
 @dataclass
 class CountSimulationParams:
     """Settings of :func:`simulate_counts`; every one is recorded with the output."""
@@ -268,9 +273,26 @@ class CountSimulationParams:
             "dropout": 0 <= self.dropout < 1,
             "seed": self.seed >= 0,
         }
+        for field_ in dataclasses.fields(self):
+            value = getattr(self, field_.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise InputError(f"simulate {field_.name}", f"must be a finite number, got {value}")
         for name, ok in checks.items():
             if not ok:
                 raise InputError(f"simulate {name}", f"invalid value {getattr(self, name)!r}")
+        # exp() of the log-mean must stay a count numpy can draw (below about 1e18, e^41):
+        # the log-mean these settings reach at four standard deviations of each draw.
+        reach = (
+            self.mean_log_expression
+            + 4 * (self.sd_log_expression + self.library_sd + self.batch_depth + self.batch_shift)
+            + 4 * self.group_effect * math.exp(4 * self.batch_scale)
+        )
+        if reach > MAX_LOG_MEAN:
+            raise InputError(
+                "simulate",
+                f"settings reach log-means near {reach:.0f} (counts of e^{reach:.0f}): lower "
+                "mean_log_expression, group_effect or the batch effects",
+            )
         check_regional(self.batch_effect, self.region_size, self.region_kind)
 
 
@@ -316,7 +338,14 @@ class CountSimulation:
             mean = np.exp(log_mean)
             # Gamma-Poisson: negative binomial with mean `mean` and var mean + d mean^2.
             lam = rng.gamma(inv_disp, mean * self.dispersion)
-            counts = rng.poisson(lam).astype(np.float32)
+            try:
+                counts = rng.poisson(lam).astype(np.float32)
+            except ValueError as err:  # a tail draw beyond what numpy can draw
+                raise InputError(
+                    "simulate",
+                    f"a count too large to draw ({err}): lower mean_log_expression, "
+                    "group_effect or the batch effects",
+                ) from None
             drop = rng.random(counts.shape) < self.dropout[b][:, None] / (1.0 + mean)
             counts[drop] = 0.0
             yield first, sparse.csr_matrix(counts)
