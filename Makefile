@@ -19,7 +19,7 @@ export PATH := $(BIN):$(PATH)
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev,scvi,slurm]"
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev,scvi,workflow]"
 	touch $(STAMP)
 
 run: $(STAMP)
