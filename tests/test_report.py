@@ -223,8 +223,9 @@ def test_report_escapes_user_provided_names(dataset) -> None:
 
 def test_report_is_self_contained(dataset) -> None:
     images = assert_self_contained(dataset["html"])
-    # loci, training, 2 embeddings (combat failed), scatter, attention, runtime
-    assert len(images) == 7
+    # loci, training, the embeddings' shared legend, 2 embeddings (combat failed), scatter,
+    # attention, runtime
+    assert len(images) == 8
     assert len(dataset["html"].encode()) < 5_000_000
 
 
@@ -328,7 +329,7 @@ def test_umap_embedding_plot(tmp_path: Path, dataset) -> None:
         label_key="cell_type",
     )
     assert 'alt="UMAP of uncorrected"' in html
-    assert len(assert_self_contained(html)) == 1
+    assert len(assert_self_contained(html)) == 2  # the plot and its legend
 
 
 def test_malformed_inputs_are_input_errors(tmp_path: Path) -> None:

@@ -87,6 +87,9 @@ def test_the_report_shows_each_layers_steps_per_head(traced, tmp_path: Path) -> 
     verdict = re.search(r'<p id="trace-verdict">(.*?)</p>', section).group(1)
     assert verdict.startswith("No non-finite value in float32 or bfloat16; the naive softmax")
     assert "would stay finite too" in verdict
+    # the verdict in view, the per-head tables under a collapsed <details> after it
+    details = section.index('<details id="trace-details">')
+    assert section.index('id="trace-verdict"') < details < section.index('class="trace"')
     H, T = CONFIG.n_heads, result["model"]["n_tokens"]
     tables = re.findall(r'<table class="trace" id="trace-layer-(\d+)">(.*?)</table>', section, re.S)
     assert [int(n) for n, _ in tables] == list(range(CONFIG.n_layers))

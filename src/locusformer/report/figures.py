@@ -44,6 +44,10 @@ def _png(fig) -> str:
 
 
 def _categories(values: pd.Series) -> tuple[np.ndarray, list[str]]:
+    """Codes and names of ``values``' categories: its own when categorical (so that panels
+    of several methods given the same categories colour them alike), else sorted."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        return np.asarray(values.cat.codes), [str(c) for c in values.cat.categories]
     cat = pd.Categorical(values.astype(str))
     return np.asarray(cat.codes), [str(c) for c in cat.categories]
 
@@ -82,29 +86,19 @@ def history_figure(
     return _png(fig)
 
 
-def _scatter_panel(ax, coords: np.ndarray, values: pd.Series, title: str, axis: str) -> None:
-    codes, cats = _categories(values)
+def _colours(n: int):
     plt = _plt()
-    cmap = plt.get_cmap("tab10" if len(cats) <= 10 else "tab20")
-    size = max(4, min(30, 3000 / max(1, len(codes))))
-    for i, cat in enumerate(cats):
+    return plt.get_cmap("tab10" if n <= 10 else "tab20")
+
+
+def _scatter_panel(ax, coords: np.ndarray, values: pd.Series, title: str) -> None:
+    codes, cats = _categories(values)
+    cmap = _colours(len(cats))
+    size = max(3, min(24, 2400 / max(1, len(codes))))
+    for i in range(len(cats)):
         m = codes == i
-        ax.scatter(
-            coords[m, 0],
-            coords[m, 1],
-            s=size,
-            color=cmap(i % cmap.N),
-            label=_mpl(cat) if i < MAX_LEGEND else None,
-            linewidths=0,
-        )
-    if len(cats) > MAX_LEGEND:
-        ax.plot([], [], " ", label=f"… {len(cats) - MAX_LEGEND} more")
-    ax.legend(
-        fontsize=7, markerscale=1.5, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False
-    )
-    ax.set_title(_mpl(title), fontsize=9)
-    ax.set_xlabel(f"{axis}1", fontsize=8)
-    ax.set_ylabel(f"{axis}2", fontsize=8)
+        ax.scatter(coords[m, 0], coords[m, 1], s=size, color=cmap(i % cmap.N), linewidths=0)
+    ax.set_title(_mpl(title), fontsize=8)
     ax.set_xticks([])
     ax.set_yticks([])
 
@@ -112,35 +106,115 @@ def _scatter_panel(ax, coords: np.ndarray, values: pd.Series, title: str, axis: 
 def embedding_figure(
     coords: np.ndarray, obs: pd.DataFrame, keys: Sequence[str], method: str, axis: str
 ) -> str:
-    """One method's 2-d embedding, one panel per column of ``obs`` in ``keys``.
+    """One method's 2-d embedding, one small panel per column of ``obs`` in ``keys``, stacked.
 
-    ``axis`` names the coordinates on the axes (``UMAP``, ``PC`` or ``dim``).
+    ``axis`` names the coordinates (``UMAP``, ``PC`` or ``dim``); ``method`` is not
+    drawn (the report names it above the figure). The panels stand one above the other
+    and carry no legend, so that the report sets several methods side by side and explains
+    the colours once (:func:`legend_figure`): give ``obs``' columns the same categorical
+    categories for every method, and a category has the same colour in each.
     """
     plt = _plt()
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.4 * len(keys), 3.4), squeeze=False)
-    for ax, key in zip(axes[0], keys, strict=True):
-        _scatter_panel(ax, coords, obs[key], f"{method}: {key}", axis)
+    fig, axes = plt.subplots(len(keys), 1, figsize=(2.6, 2.45 * len(keys)), squeeze=False)
+    for ax, key in zip(axes[:, 0], keys, strict=True):
+        _scatter_panel(ax, coords, obs[key], f"{key} ({axis}1, {axis}2)")
     fig.tight_layout()
     return _png(fig)
+
+
+def legend_figure(categories: Mapping[str, Sequence[str]]) -> str:
+    """The colours of the embedding panels, once for every method: one key per row.
+
+    ``categories`` maps a key (batch, label) to its categories in the panels' order.
+    """
+    plt = _plt()
+    from matplotlib.lines import Line2D
+
+    ncol = 6
+    heights = [0.3 + 0.22 * -(-min(len(c), MAX_LEGEND + 1) // ncol) for c in categories.values()]
+    fig, axes = plt.subplots(
+        len(categories), 1, figsize=(9.0, sum(heights)), squeeze=False, height_ratios=heights
+    )
+    for ax, (key, cats) in zip(axes[:, 0], categories.items(), strict=True):
+        cmap = _colours(len(cats))
+        handles = [
+            Line2D([], [], marker="o", linestyle="", color=cmap(i % cmap.N), label=_mpl(cat))
+            for i, cat in enumerate(cats[:MAX_LEGEND])
+        ]
+        if len(cats) > MAX_LEGEND:
+            handles.append(Line2D([], [], linestyle="", label=f"… {len(cats) - MAX_LEGEND} more"))
+        ax.axis("off")
+        ax.legend(
+            handles=handles,
+            title=_mpl(key),
+            title_fontsize=8,
+            fontsize=8,
+            ncol=ncol,
+            loc="upper left",
+            frameon=False,
+            alignment="left",
+        )
+    return _png(fig)
+
+
+#: One marker per method in the scores' scatter, with its colour: no two methods alike.
+MARKERS = ("o", "s", "D", "^", "v", "P", "X", "<", ">", "h")
+
+
+def _fitted_limits(values: np.ndarray) -> tuple[float, float]:
+    """Axis limits around ``values`` with a margin: a tenth of their range, at least 0.02."""
+    lo, hi = float(np.min(values)), float(np.max(values))
+    pad = max(0.1 * (hi - lo), 0.02)
+    return lo - pad, hi + pad
 
 
 def scores_figure(pts: pd.DataFrame, names: Mapping[str, str]) -> str:
     """Batch correction against bio conservation score, one point per method.
 
-    ``pts`` is indexed by method with ``batch`` and ``bio``; ``names`` gives a method's
-    display name (a method missing from it is shown by its key).
+    ``pts`` is indexed by method with ``batch`` and ``bio``, in the order the legend
+    lists them; ``names`` gives a method's display name (a method missing from it is shown
+    by its key). Each method has its own colour and marker and is named in the legend
+    (labels beside close points would overlap); the axes are fitted to the points, and
+    dotted lines mark the uncorrected data's scores: a point below the horizontal one kept
+    less biology than no correction.
     """
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(4.6, 3.8))
-    ax.scatter(pts["batch"], pts["bio"], s=40, color="#dd8452", zorder=3)
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    # tab20's dark colours, then its light ones, without the greys: grey is the uncorrected
+    tab20 = plt.get_cmap("tab20").colors
+    palette = [c for i, c in enumerate(tab20[0::2] + tab20[1::2]) if i not in (7, 17)]
+    corrections = 0
     for method, (bx, by) in pts.iterrows():
-        label = _mpl(names.get(method, method))
-        ax.annotate(label, (bx, by), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        uncorrected = method == "uncorrected"
+        i = corrections
+        corrections += not uncorrected
+        ax.scatter(
+            bx,
+            by,
+            s=150 if uncorrected else 60,
+            color="#555555" if uncorrected else palette[i % len(palette)],
+            marker="*" if uncorrected else MARKERS[i % len(MARKERS)],
+            edgecolors="white",
+            linewidths=0.6,
+            zorder=3,
+            label=_mpl(names.get(method, method)),
+        )
+        if uncorrected:
+            ax.axhline(by, color="#888888", linestyle=":", linewidth=1, zorder=1)
+            ax.axvline(bx, color="#888888", linestyle=":", linewidth=1, zorder=1)
     ax.set_xlabel("batch correction score")
     ax.set_ylabel("bio conservation score")
-    lo = min([0.0, *pts["batch"], *pts["bio"]]) if len(pts) else 0.0
-    ax.set_xlim(lo - 0.02, 1.02)
-    ax.set_ylim(lo - 0.02, 1.02)
+    if len(pts):
+        ax.set_xlim(*_fitted_limits(pts["batch"].to_numpy(dtype=float)))
+        ax.set_ylim(*_fitted_limits(pts["bio"].to_numpy(dtype=float)))
+        ax.legend(
+            fontsize=8,
+            loc="center left",
+            bbox_to_anchor=(1.02, 0.5),
+            frameon=False,
+            title="ranked by Total",
+            title_fontsize=8,
+        )
     ax.grid(alpha=0.3)
     ax.set_title("Batch correction vs bio conservation", fontsize=10)
     return _png(fig)

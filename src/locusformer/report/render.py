@@ -131,6 +131,7 @@ def render_dataset_report(
     trace_json: PathLike | None = None,
     config: Mapping[str, Any] | None = None,
     seed: int | None = None,
+    seed_metrics: Sequence[PathLike] | None = None,
     batch_key: str = "batch",
     label_key: str | None = None,
     embedding: str = "auto",
@@ -155,7 +156,10 @@ def render_dataset_report(
     :data:`~locusformer.report.sections.UMAP_MIN_SAMPLES` samples on, else PCA),
     ``"umap"`` or ``"pca"``; above ``max_samples`` samples (``metrics.max_samples``,
     default 50,000) the embeddings are drawn from the subsample the metrics job scored
-    (same strata, ``seed``), and the section says so.
+    (same strata, ``seed``), and the section says so. The verdict says that its scores
+    are one seed's, ``seed``; ``seed_metrics``, the metrics tables of the same dataset run
+    with other seeds, add how far the leading methods' Totals moved between seeds (the
+    table itself stays this run's).
     """
     import yaml
 
@@ -181,10 +185,12 @@ def render_dataset_report(
         "history": history_section(history_tsv),
         "embeddings": emb_section,
         "metrics": {
-            **metrics_section(metrics_tsv, emb_section.get("names")),
+            **metrics_section(
+                metrics_tsv, emb_section.get("names"), seed=seed, seed_metrics=seed_metrics
+            ),
             "kmeans": kmeans_sentence(config),
         },
-        "attention": attention_section(attention_npz),
+        "attention": attention_section(attention_npz, loci_parquet),
         "trace": trace_section(trace_json, mapping.get("model")),
         "runtime": runtime_section(benchmark_files),
     }
@@ -230,6 +236,7 @@ def _write_figures(sections: Mapping[str, dict], figures_dir: Path) -> None:
     figures = [
         ("loci", sections["loci"].get("figure")),
         ("training", sections["history"].get("figure")),
+        ("embedding_legend", sections["embeddings"].get("legend")),
         *(
             (f"embedding_{plot['method']}", plot.get("figure"))
             for plot in sections["embeddings"].get("plots", [])

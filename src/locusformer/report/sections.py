@@ -28,6 +28,7 @@ from locusformer.pp.pca import pca
 from locusformer.report.figures import (
     embedding_figure,
     history_figure,
+    legend_figure,
     loci_figure,
     runtime_figure,
     scores_figure,
@@ -166,8 +167,16 @@ def history_section(history_tsv: PathLike | None) -> dict:
     if not panels or len(hist) == 0:
         section["message"] = "the training history has no numeric columns"
         return section
-    figure = history_figure(x, numeric, panels)
-    section.update(available=True, figure=figure, columns=cols, n_epochs=len(hist))
+    # A term that is zero at every epoch (switched off, or never acting) is a flat line on
+    # the axis that hides the ones that move: named in the caption, not drawn.
+    silent = [c for c in cols if (numeric[c].dropna() == 0).all()]
+    drawn = [(title, [c for c in c_ if c not in silent]) for title, c_ in panels]
+    drawn = [(title, c_) for title, c_ in drawn if c_]
+    if not drawn:
+        section["message"] = "every column of the training history is zero throughout"
+        return section
+    figure = history_figure(x, numeric, drawn)
+    section.update(available=True, figure=figure, columns=cols, silent=silent, n_epochs=len(hist))
     if "clusters_compared" in hist.columns and never_compared(numeric):
         section["warning"] = NEVER_COMPARED.removeprefix("training: ")
     return section
@@ -244,7 +253,9 @@ def embedding_section(
     error instead of a plot. Also returns the obs of ``uncorrected`` (else of the first
     method), for the summary's batch x label table. Above ``max_samples`` samples
     (default :data:`~locusformer.scoring.subsample.DEFAULT_MAX_SAMPLES`) each plot shows the
-    scored subsample (:func:`embedding_subsample`), and only its rows are read.
+    scored subsample (:func:`embedding_subsample`), and only its rows are read. The plots
+    are small and carry no legend, for the report to set several per row; the section's
+    ``legend`` gives their colours once (:func:`_draw_embeddings`).
     """
     from locusformer.scoring.result_rows import open_result, read_result, take
     from locusformer.scoring.subsample import DEFAULT_MAX_SAMPLES
@@ -283,16 +294,42 @@ def embedding_section(
             {
                 "method": method,
                 "failed": False,
-                "figure": embedding_figure(coords, shown.obs, keys, method, axis),
+                "drawing": (coords, shown.obs[keys].copy(), keys, axis),
                 "axis": "UMAP" if axis == "UMAP" else "PCA",
             }
         )
     section = {"available": bool(plots), "plots": plots, "names": names, "subsample": sentence}
+    section["legend"] = _draw_embeddings(plots)
     return section, obs
 
 
+def _draw_embeddings(plots: list[dict]) -> str | None:
+    """Draw each plot's figure; return the legend they share (None when none is drawn).
+
+    Every method's batch (and label) column is given the same categories, the union over
+    the methods in sorted order, so that a batch has one colour in every panel and one
+    legend figure explains them all.
+    """
+    drawn = [p for p in plots if not p["failed"]]
+    if not drawn:
+        return None
+    categories: dict[str, list[str]] = {}
+    for plot in drawn:
+        _, obs, keys, _ = plot["drawing"]
+        for key in keys:
+            seen = categories.setdefault(key, [])
+            seen.extend(set(obs[key].astype(str)) - set(seen))
+    categories = {key: sorted(values) for key, values in categories.items()}
+    for plot in drawn:
+        coords, obs, keys, axis = plot.pop("drawing")
+        for key in keys:
+            obs[key] = pd.Categorical(obs[key].astype(str), categories=categories[key])
+        plot["figure"] = embedding_figure(coords, obs, keys, plot["method"], axis)
+    return legend_figure(categories)
+
+
 def verdict(scores: pd.DataFrame) -> dict | None:
-    """Which method a dataset's scores crown, and the sentence that says so.
+    """Which method a dataset's scores crown, the sentence that says so, and its margin.
 
     ``scores`` has one row per method with ``method``, ``total`` and ``status``. A
     correction is crowned only when its total is above that of ``uncorrected``: a method
@@ -301,6 +338,10 @@ def verdict(scores: pd.DataFrame) -> dict | None:
     scored best (a tie goes to the uncorrected data too: correcting gained nothing). This
     matters most in a confounded design, where a correction can remove biology. None
     when no method has a total.
+
+    ``runner_up`` is the method with the next total after the crowned one (the best
+    correction when the uncorrected data are crowned), ``margin`` the crowned total minus
+    its total, and ``margin_sentence`` says so ("" when no other method has a total).
     """
     ok = scores[(scores["status"] == "ok") & np.isfinite(scores["total"].astype(float))]
     if ok.empty:
@@ -320,17 +361,118 @@ def verdict(scores: pd.DataFrame) -> dict | None:
         sentence = (
             f"{best} scored best (total {best_total:.3f}); the uncorrected data have no total."
         )
-        return {**out, "crowned": best, "uncorrected_best": False, "sentence": sentence}
-    if best is None or best_total <= uncorrected + 1e-12:
+        out.update(crowned=best, uncorrected_best=False, sentence=sentence)
+    elif best is None or best_total <= uncorrected + 1e-12:
         sentence = f"Leaving the data uncorrected scored best (total {uncorrected:.3f})"
         sentence += (
             f"; the best correction, {best}, scored {best_total:.3f}."
             if best is not None
             else ": no correction has a score."
         )
-        return {**out, "crowned": "uncorrected", "uncorrected_best": True, "sentence": sentence}
-    sentence = f"{best} scored best (total {best_total:.3f}; uncorrected {uncorrected:.3f})."
-    return {**out, "crowned": best, "uncorrected_best": False, "sentence": sentence}
+        out.update(crowned="uncorrected", uncorrected_best=True, sentence=sentence)
+    else:
+        sentence = f"{best} scored best (total {best_total:.3f}; uncorrected {uncorrected:.3f})."
+        out.update(crowned=best, uncorrected_best=False, sentence=sentence)
+    return {**out, **_margin(totals, out["crowned"], best)}
+
+
+def _margin(totals: pd.Series, crowned: str, best: str | None) -> dict:
+    """The crowned method's lead over the runner-up, in Total, and the sentence saying it."""
+    others = totals.drop(crowned)
+    if crowned == "uncorrected":
+        others = others.drop([m for m in others.index if m != best])
+    if others.empty:
+        return {"runner_up": None, "runner_up_total": None, "margin": None, "margin_sentence": ""}
+    runner_up = str(others.idxmax())
+    margin = float(totals[crowned] - others.max())
+    whom = "the best correction" if crowned == "uncorrected" else "the runner-up"
+    lead = "the uncorrected data lead" if crowned == "uncorrected" else f"{crowned} leads"
+    sentence = (
+        f"Margin: {lead} {whom}, {runner_up} (total {float(others.max()):.3f}), "
+        f"by {margin:.3f} in Total."
+    )
+    return {
+        "runner_up": runner_up,
+        "runner_up_total": float(others.max()),
+        "margin": margin,
+        "margin_sentence": sentence,
+    }
+
+
+def seeds_sentence(seed: int | None, spread: Mapping[str, Sequence[float]] | None = None) -> str:
+    """How many seeds the scores rest on, and how far the totals moved between them.
+
+    A report is one run: without ``spread`` it says so ("one seed"), since a margin is only
+    a difference once it exceeds what another seed would move. ``spread`` maps a method to
+    its totals over several seeds' runs (:func:`seed_spread`); the sentence then gives each
+    method's range.
+    """
+    which = f" (seed {seed})" if seed is not None else ""
+    if not spread:
+        return (
+            f"These scores come from one seed{which}: how far another seed would move them "
+            "is not known from this run, so read a small margin as no difference until "
+            "other seeds confirm it."
+        )
+    n = max(len(v) for v in spread.values())
+    ranges = "; ".join(
+        f"{method} {min(values):.3f} to {max(values):.3f}"
+        for method, values in spread.items()
+        if len(values)
+    )
+    this = f"; this report shows seed {seed}" if seed is not None else ""
+    return f"Over {n} seeds{this}, Total ranged: {ranges}."
+
+
+def seed_spread(metrics_tsvs: Sequence[PathLike], methods: Sequence[str]) -> dict[str, list[float]]:
+    """Each of ``methods``' Totals over several runs' metrics tables (one per seed).
+
+    A method failed or missing in a run has no Total from it; the tables are read as the
+    report reads its own (:func:`~locusformer.scoring.metrics.read_metrics`).
+    """
+    from locusformer.scoring.metrics import method_scores, read_metrics
+
+    spread: dict[str, list[float]] = {str(m): [] for m in methods}
+    for path in metrics_tsvs:
+        long = read_metrics(path)
+        scores = method_scores(long[long["type"] != "subsample"]).set_index("method")
+        for method in spread:
+            if method in scores.index and scores.loc[method, "status"] == "ok":
+                total = float(scores.loc[method, "total"])
+                if np.isfinite(total):
+                    spread[method].append(total)
+    return spread
+
+
+def bio_losses(scores: pd.DataFrame, names: Mapping[str, str] | None = None) -> list[dict]:
+    """The methods whose bio conservation falls below the uncorrected data's, with a sentence.
+
+    ``scores`` is :func:`~locusformer.scoring.metrics.method_scores` indexed by method.
+    A correction that keeps less of the biology than no correction at all has removed
+    biology along with the batch, whatever its batch score (and Total) says.
+    """
+    names = dict(names or {})
+    ok = scores[scores["status"] == "ok"]
+    if "uncorrected" not in ok.index or not np.isfinite(ok.loc["uncorrected", "bio"]):
+        return []
+    floor = float(ok.loc["uncorrected", "bio"])
+    out = []
+    for method, bio in ok["bio"].drop("uncorrected").items():
+        if np.isfinite(bio) and bio < floor - 1e-12:
+            name = names.get(method, method)
+            out.append(
+                {
+                    "method": str(method),
+                    "bio": float(bio),
+                    "uncorrected_bio": floor,
+                    "sentence": (
+                        f"{name} kept less biology than no correction: bio conservation "
+                        f"{bio:.3f}, below the uncorrected data's {floor:.3f}. It removed "
+                        "biological signal along with the batch effect."
+                    ),
+                }
+            )
+    return out
 
 
 def confounding_section(confounding_json: PathLike | None) -> dict:
@@ -422,14 +564,27 @@ def _count(value: float) -> str:
     return str(int(value)) if np.isfinite(value) else "?"
 
 
-def metrics_section(metrics_tsv: PathLike | None, names: Mapping[str, str] | None = None) -> dict:
+def metrics_section(
+    metrics_tsv: PathLike | None,
+    names: Mapping[str, str] | None = None,
+    *,
+    seed: int | None = None,
+    seed_metrics: Sequence[PathLike] | None = None,
+) -> dict:
     """The metrics table ranked by total score, the best of each metric, and the verdict.
 
     ``names`` maps a method to the name the table shows (see :func:`embedding_section`).
     The ``subsample`` rows of methods scored on a subsample are no column of the table but
-    the section's ``subsample`` sentence (:func:`subsample_sentence`).
+    the section's ``subsample`` sentence (:func:`subsample_sentence`). The deciding
+    columns (:data:`~locusformer.scoring.metrics.AGGREGATES`) are shown first, the metrics
+    they average after them: ``order`` lists the indices of ``columns`` (and of each row's
+    cells, both in the metrics table's order) as the table shows them. ``bio_losses`` are
+    the methods that kept less biology than the uncorrected data (:func:`bio_losses`);
+    ``seeds`` says how many seeds the scores rest on: this run's ``seed`` alone, or with
+    ``seed_metrics``, other seeds' metrics tables of the same dataset, the spread of the
+    leading methods' Totals (:func:`seeds_sentence`).
     """
-    from locusformer.scoring.metrics import method_scores, read_metrics, wide_metrics
+    from locusformer.scoring.metrics import AGGREGATES, method_scores, read_metrics, wide_metrics
 
     # method -> how the table shows it, so that a method that used labels says so
     names = dict(names or {})
@@ -444,16 +599,57 @@ def metrics_section(metrics_tsv: PathLike | None, names: Mapping[str, str] | Non
         section["message"] = "the metrics table is empty"
         return section
     wide = wide_metrics(long)
+    deciding = [m for m in AGGREGATES if m in wide.columns]
+    # the table shows the deciding columns first; ``columns`` and the cells keep the
+    # metrics table's order, ``order`` is the order shown (indices into both)
+    order = [list(wide.columns).index(m) for m in deciding]
+    order += [i for i in range(len(wide.columns)) if i not in order]
     types = dict(zip(long["metric"], long["type"], strict=False))
     scores = method_scores(long).set_index("method")
     ok = scores.index[scores["status"] == "ok"]
-    failed = scores.index[scores["status"] != "ok"]
     ranked = list(scores.loc[ok].sort_values("total", ascending=False, na_position="last").index)
+    losses = bio_losses(scores, names)
+    crowned = verdict(scores.reset_index())
+    spread = None
+    if seed_metrics and crowned is not None:
+        leaders = [m for m in (crowned["crowned"], crowned["runner_up"]) if m is not None]
+        spread = seed_spread([metrics_tsv, *seed_metrics], leaders)
+    section.update(
+        available=True,
+        columns=[
+            {"name": m, "type": types.get(m, ""), "deciding": m in deciding} for m in wide.columns
+        ],
+        order=order,
+        n_deciding=len(deciding),
+        rows=_metric_rows(wide, scores, ranked, names, {b["method"] for b in losses}),
+        verdict=crowned,
+        seeds=seeds_sentence(seed, spread),
+        bio_losses=losses,
+        # batch vs bio scatter, in the table's order
+        scatter=scores_figure(scores.loc[ranked, ["batch", "bio"]].dropna(), names),
+        metric_errors=[
+            (r.method, r.metric, r.error)
+            for r in long.itertuples()
+            if r.status == "ok" and isinstance(r.error, str) and r.error
+        ],
+        n_failed=int((scores["status"] != "ok").sum()),
+    )
+    return section
+
+
+def _metric_rows(
+    wide: pd.DataFrame,
+    scores: pd.DataFrame,
+    ranked: Sequence[str],
+    names: Mapping[str, str],
+    bio_lost: set[str],
+) -> list[dict]:
+    """The metrics table's rows: the ranked methods with their cells, then the failed ones."""
+    ok = list(ranked)
     best = {
-        m: (wide.loc[ok, m].max() if len(ok) and wide.loc[ok, m].notna().any() else None)
+        m: (wide.loc[ok, m].max() if ok and wide.loc[ok, m].notna().any() else None)
         for m in wide.columns
     }
-    columns = [{"name": m, "type": types.get(m, "")} for m in wide.columns]
     rows = []
     for rank, method in enumerate(ranked, start=1):
         cells = []
@@ -467,36 +663,22 @@ def metrics_section(metrics_tsv: PathLike | None, names: Mapping[str, str] | Non
                 "method": names.get(method, method),
                 "cells": cells,
                 "failed": False,
+                "bio_loss": method in bio_lost,
                 "error": "",
             }
         )
-    for method in failed:
+    for method in scores.index[scores["status"] != "ok"]:
         rows.append(
             {
                 "rank": None,
                 "method": names.get(method, method),
                 "cells": [],
                 "failed": True,
+                "bio_loss": False,
                 "error": scores.loc[method, "error"],
             }
         )
-    metric_errors = [
-        (r.method, r.metric, r.error)
-        for r in long.itertuples()
-        if r.status == "ok" and isinstance(r.error, str) and r.error
-    ]
-    # batch vs bio scatter
-    pts = scores.loc[ok, ["batch", "bio"]].dropna()
-    section.update(
-        available=True,
-        columns=columns,
-        rows=rows,
-        verdict=verdict(scores.reset_index()),
-        scatter=scores_figure(pts, names),
-        metric_errors=metric_errors,
-        n_failed=len(failed),
-    )
-    return section
+    return rows
 
 
 def runtime_section(benchmark_files: Mapping[str, Paths] | None) -> dict:
