@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -37,11 +38,31 @@ window.addEventListener("error", function (e) {
 </script>"""
 
 # Installed last in <body>: on load, write what we check into the DOM for --dump-dom.
+# The layout is measured as the page opens (its <details> collapsed); the images and SVGs
+# with every <details> opened, so that those inside one are checked too.
 PROBE = """<script>
 window.addEventListener("load", function () {
+  var box = function (el) {
+    if (!el) { return null; }
+    var r = el.getBoundingClientRect();
+    return {left: r.left, right: r.right, top: r.top, bottom: r.bottom, width: r.width};
+  };
+  var headers = Array.prototype.slice.call(document.querySelectorAll("#metric-table th"));
+  var layout = {
+    viewport: window.innerWidth,
+    page_width: document.documentElement.scrollWidth,
+    page_height: document.documentElement.scrollHeight,
+    headers: headers.map(function (th) { return [th.textContent.trim(), box(th)]; }),
+    table_box: box(document.getElementById("metric-table-scroll")),
+    closed_details: Array.prototype.filter.call(document.querySelectorAll("details"),
+      function (d) { return !d.open; }).map(function (d) { return d.id; })
+  };
+  Array.prototype.forEach.call(document.querySelectorAll("details"),
+    function (d) { d.open = true; });
   var imgs = Array.prototype.slice.call(document.images);
   var out = {
     loaded: true,
+    layout: layout,
     errors: window.__errors,
     images: imgs.length,
     broken: imgs.filter(function (i) { return !i.complete || i.naturalWidth === 0; })
@@ -73,8 +94,9 @@ def chromium(args: list[str], profile: Path, timeout: int = 90) -> subprocess.Co
     )
 
 
-def probe(html_path: Path, workdir: Path) -> dict:
-    """Load ``html_path`` in Chromium; return what loaded, which errors and images."""
+def probe(html_path: Path, workdir: Path, width: int = 1280) -> dict:
+    """Load ``html_path`` in Chromium, ``width`` pixels wide; return what loaded, which
+    errors and images, and the layout (``layout``: the metrics table's header boxes)."""
     html = html_path.read_text(encoding="utf-8")
     page = workdir / "probe.html"
     head = html.index("<head>") + len("<head>")
@@ -83,7 +105,8 @@ def probe(html_path: Path, workdir: Path) -> dict:
         html[:head] + CATCH + html[head:body_end] + PROBE + html[body_end:], encoding="utf-8"
     )
     run = chromium(
-        ["--virtual-time-budget=10000", "--dump-dom", page.as_uri()], workdir / "profile-dom"
+        [f"--window-size={width},900", "--virtual-time-budget=10000", "--dump-dom", page.as_uri()],
+        workdir / "profile-dom",
     )
     assert run.returncode == 0, run.stderr[-2000:]
     match = re.search(r'<pre id="probe-result">(.*?)</pre>', run.stdout, re.S)
@@ -99,13 +122,87 @@ def probe(html_path: Path, workdir: Path) -> dict:
     return result
 
 
-def screenshot(html_path: Path, shot: Path, workdir: Path) -> None:
-    """Render ``html_path`` to the PNG ``shot``."""
+def screenshot(
+    html_path: Path, shot: Path, workdir: Path, width: int = 1280, height: int = 4200
+) -> None:
+    """Render ``html_path`` to the PNG ``shot``, a window of ``width`` x ``height`` pixels."""
     shot.parent.mkdir(parents=True, exist_ok=True)
     shot.unlink(missing_ok=True)
     run = chromium(
-        ["--window-size=1280,4200", f"--screenshot={shot}", html_path.as_uri()],
-        workdir / "profile-shot",
+        [f"--window-size={width},{height}", f"--screenshot={shot}", html_path.as_uri()],
+        workdir / f"profile-shot-{width}",
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert shot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+PDFTOTEXT = shutil.which("pdftotext")
+PDF_SKIP_REASON = "the printed-report check needs poppler-utils (apt-get install -y poppler-utils)"
+
+
+def print_pdf(html_path: Path, pdf: Path, workdir: Path) -> None:
+    """Print ``html_path`` to ``pdf`` as Chromium prints it (the page's print styles)."""
+    pdf.parent.mkdir(parents=True, exist_ok=True)
+    pdf.unlink(missing_ok=True)
+    run = chromium(
+        ["--no-pdf-header-footer", f"--print-to-pdf={pdf}", html_path.as_uri()],
+        workdir / "profile-pdf",
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert pdf.read_bytes().startswith(b"%PDF")
+
+
+def pdf_pages(pdf: Path) -> list[str]:
+    """The text of each page of ``pdf`` (``pdftotext -layout``), only what lies on the page.
+
+    The text is cropped to each page's size (``pdfinfo``), so a column drawn past the
+    page's edge, where no printer puts it, does not count as printed.
+    """
+    info = subprocess.run(["pdfinfo", str(pdf)], capture_output=True, text=True, check=True).stdout
+    size = re.search(r"Page size:\s+([\d.]+) x ([\d.]+) pts", info)
+    assert size, info
+    width, height = (int(float(v)) for v in size.groups())
+    text = subprocess.run(
+        [
+            "pdftotext",
+            "-layout",
+            "-r",
+            "72",
+            "-x",
+            "0",
+            "-y",
+            "0",
+            "-W",
+            str(width),
+            "-H",
+            str(height),
+            str(pdf),
+            "-",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return text.split("\f")[:-1] if text.endswith("\f") else text.split("\f")
+
+
+def pdf_page_image(pdf: Path, page: int, out_prefix: Path) -> Path:
+    """Page ``page`` (1-based) of ``pdf`` as a PNG (``pdftoppm``), for a person to look at."""
+    subprocess.run(
+        [
+            "pdftoppm",
+            "-png",
+            "-r",
+            "70",
+            "-f",
+            str(page),
+            "-l",
+            str(page),
+            "-singlefile",
+            str(pdf),
+            str(out_prefix),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return out_prefix.with_suffix(".png")
