@@ -2,9 +2,11 @@
 
 Conda channels cannot be reached from the machines that run the tests, so the envs are
 never built here: these tests read them. Every rule names one, every package is pinned to
-requirements.lock's version, and a rule's command finds the workflow's own package where
-Snakemake clears PYTHONPATH. That each job's imports are in its env is checked on the tiny
-run's jobs (tests/test_workflow.py, test_every_job_imports_only_what_its_rules_conda_env_lists).
+requirements.lock's version, a rule's command finds the workflow's own package where
+Snakemake clears PYTHONPATH, and each env's post-deploy script installs this release of the
+package for a deployment (tests/test_deploy.py runs one against the built wheel). That each
+job's imports are in its env is checked on the tiny run's jobs (tests/test_workflow.py,
+test_every_job_imports_only_what_its_rules_conda_env_lists).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def test_env_file_parses_with_the_channels_and_python_of_the_project(path):
     assert env["channels"] == ["conda-forge", "bioconda", "nodefaults"]
     assert all(isinstance(dep, str) for dep in env["dependencies"]), "no pip section"
     assert "python =3.11" in env["dependencies"]  # requirements.lock's Python
+    assert "pip" in env["dependencies"]  # for its post-deploy script
     assert path.read_text().startswith("# Conda env of "), "says which rules use it"
 
 
@@ -109,3 +112,47 @@ def test_min_version_is_the_lowest_snakemake_pyproject_allows():
     )
     snakefile = (ROOT / "workflow" / "Snakefile").read_text()
     assert f'min_version("{lowest}")' in snakefile
+
+
+def _post_deploy(path):
+    return path.with_name(f"{path.stem}.post-deploy.sh")
+
+
+@pytest.mark.parametrize("path", env_files(), ids=lambda p: p.name)
+def test_every_env_installs_this_release_of_the_package_without_its_dependencies(path):
+    # Snakemake runs <env>.post-deploy.sh in the env it has just built (--sdm conda). A pip
+    # section would resolve the package's whole dependency list into every stage's env
+    # (torch into metrics and report); --no-deps keeps each env to what it lists.
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    script = _post_deploy(path).read_text()
+    command = " ".join(line for line in script.splitlines() if not line.startswith("#"))
+    assert "python -m pip install --no-deps" in command
+    assert f'"locusformer=={version}"' in command, f"{path.name}: not this release"
+    subprocess.run(["sh", "-n", str(_post_deploy(path))], check=True)
+
+
+@pytest.mark.parametrize(
+    ("pip_works", "src", "succeeds"),
+    [(True, "", True), (False, "/clone/src", True), (False, "", False)],
+    ids=["installed", "clone-without-index", "deployment-without-index"],
+)
+def test_post_deploy_tolerates_a_failed_install_only_where_src_runs(
+    tmp_path, pip_works, src, succeeds
+):
+    # A `python` that records its arguments and exits as pip would: from a clone the rules
+    # run src/ (LOCUSFORMER_SRC), so an unreleased version is no error there.
+    fake = tmp_path / "bin" / "python"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\nexit {0 if pip_works else 1}\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{fake.parent}:/usr/bin:/bin", "LOCUSFORMER_SRC": src}
+    script = _post_deploy(ENVS / "torch.yaml")
+    ran = subprocess.run(["sh", str(script)], env=env, capture_output=True, check=False)
+    assert (ran.returncode == 0) == succeeds
+    assert (tmp_path / "args").read_text().split()[:4] == ["-m", "pip", "install", "--no-deps"]
+
+
+def test_every_post_deploy_script_is_the_same():
+    scripts = {_post_deploy(path).read_text() for path in env_files()}
+    assert len(scripts) == 1
+    assert sorted(ENVS.glob("*.post-deploy.sh")) == [_post_deploy(p) for p in env_files()]

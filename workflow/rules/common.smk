@@ -17,7 +17,10 @@ from snakemake.utils import validate
 # this file again, so the path is set there too. Snakemake starts jobs in a conda env
 # (--sdm conda) without PYTHONPATH: every command starts with
 # PYTHONPATH=${PYTHONPATH-$LOCUSFORMER_SRC}, the path set here, or src/ alone in a conda
-# env. Without src/ on disk (a module read from GitHub) the installed package runs.
+# env. Without src/ beside the workflow (a deployment: the module snakedeploy reads from
+# GitHub, or a copy of workflow/ alone) SRC is empty and the installed package runs: `pip
+# install "locusformer[workflow]"` where Snakemake runs, or, under --sdm conda, the one
+# each stage env installs after it is built (workflow/envs/*.post-deploy.sh).
 SRC = str(
     Path(workflow.current_basedir.get_path_or_uri(secret_free=True)).parents[1] / "src"
 )
@@ -55,8 +58,11 @@ try:
         schema_error,
     )
 except ImportError as e:
-    # A module read from GitHub has no src/ beside it: the package must be installed.
-    refuse(f"cannot import the locusformer package (not installed?): {e}")
+    # A deployment has no src/ beside the workflow: the package must be installed.
+    refuse(
+        f"cannot import the locusformer package ({e}): a workflow without src/ beside it"
+        f" runs the installed one (pip install 'locusformer[workflow]')"
+    )
 
 
 def validated(data, schema, source):
@@ -126,8 +132,37 @@ def optional(value, flag):
 def sheet_path(path):
     """A file named by the datasets sheet, relative to the working directory even when a
     deploying workflow gives this one a ``prefix:`` (which Snakemake puts before every
-    relative input path); ``local`` also keeps a default storage provider off it."""
-    return local(path)
+    relative input path); ``local`` also keeps a default storage provider off it.
+
+    ``resources/…`` that the working directory lacks is the workflow's own copy
+    (workflow/resources/: the demo and the human gene coordinates): a deployment's sheet
+    names them as the repository's does, and snakedeploy copies config/ only."""
+    return local(shipped(path) or path)
+
+
+# The workflow's own folder (workflow/), on disk or read from GitHub: resources/ ships in it.
+WORKFLOW_SOURCE = workflow.current_basedir.join("..")
+
+
+def shipped(path):
+    """The workflow's copy of ``resources/…`` when the working directory has no such file:
+    its path on disk, or for a workflow read from GitHub the copy in Snakemake's source
+    cache (which holds text files only: a compressed one must be put in resources/)."""
+    parts = Path(path).parts
+    if len(parts) < 2 or parts[0] != "resources" or Path(path).exists():
+        return None
+    source = WORKFLOW_SOURCE.join(path)
+    # On disk but missing there too: None, and Snakemake says the input is missing.
+    if source.is_local:
+        copy = os.path.abspath(source.get_path_or_uri(secret_free=True))
+        return copy if Path(copy).is_file() else None
+    try:
+        return workflow.sourcecache.get_path(source)
+    except Exception as e:
+        raise WorkflowError(
+            f"{path} is not in the working directory and the workflow's copy ({source})"
+            f" cannot be read ({type(e).__name__}): put it in resources/ here"
+        )
 
 
 def get_expression(wildcards):
