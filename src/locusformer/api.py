@@ -245,7 +245,8 @@ def annotation_table(
             f"lacks column(s) {', '.join(missing)} (needs {id_type!r} or 'gene_id', chrom, "
             f"start, end; it has {', '.join(str(c) for c in frame.columns[:8])})",
         )
-    frame = frame[ANNOTATION_COLUMNS].copy()
+    symbols = ["symbol"] if "symbol" in frame.columns and id_type != "symbol" else []
+    frame = frame[ANNOTATION_COLUMNS + symbols].copy()
     frame = frame[frame["gene_id"].notna() & (frame["gene_id"].astype(str).str.strip() != "")]
     return numeric_spans(frame, "annotation").reset_index(drop=True)
 

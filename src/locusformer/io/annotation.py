@@ -61,7 +61,10 @@ def read_annotation(path: PathLike, gene_id: str) -> pd.DataFrame:
         missing = [c for c in ("chrom", "start", "end", gene_id) if c not in frame.columns]
         if missing:
             raise InputError(path, f"annotation lacks column(s): {', '.join(missing)}")
-        frame = frame.rename(columns={gene_id: "gene_id"})[ANNOTATION_COLUMNS]
+        keep = ANNOTATION_COLUMNS + (
+            ["symbol"] if "symbol" in frame and gene_id != "symbol" else []
+        )
+        frame = frame.rename(columns={gene_id: "gene_id"})[keep]
     elif kind == "bed":
         frame = _read_bed(path)
     else:

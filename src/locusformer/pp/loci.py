@@ -60,7 +60,10 @@ def order_loci(
     placements = prepare_annotation(annotation, id_type)
     genes = pd.DataFrame({"gene_id": pd.Index(gene_ids).astype(str)})
     genes["key"] = genes["gene_id"].map(lambda v: normalize_gene_id(v, id_type))
-    joined = genes.join(placements[["chrom", "start", "end", "chrom_rank"]], on="key")
+    # Symbols travel with the loci when the annotation has them: the report names genes
+    # by them where the matrix uses Ensembl or Entrez ids.
+    extra = ["symbol"] if "symbol" in placements.columns and id_type != "symbol" else []
+    joined = genes.join(placements[["chrom", "start", "end", "chrom_rank", *extra]], on="key")
     joined["placed"] = joined["chrom"].notna()
     n_placed = int(joined["placed"].sum())
     if n_placed == 0:
@@ -85,6 +88,8 @@ def order_loci(
             "placed": ordered["placed"].to_numpy(dtype=bool),
         }
     )
+    if extra:
+        loci["symbol"] = ordered["symbol"].fillna("").astype(str).to_numpy(dtype=object)
     per_chrom = loci.loc[loci["placed"], "chrom"].value_counts()
     stats = {
         "n_genes": len(genes),
@@ -107,5 +112,8 @@ def shuffle_loci(loci: pd.DataFrame, seed: int) -> pd.DataFrame:
     """
     rng = np.random.default_rng(seed)
     shuffled = loci.copy()
-    shuffled["gene_id"] = loci["gene_id"].to_numpy()[rng.permutation(len(loci))]
+    order = rng.permutation(len(loci))
+    shuffled["gene_id"] = loci["gene_id"].to_numpy()[order]
+    if "symbol" in loci.columns:  # a gene's symbol goes where the gene goes
+        shuffled["symbol"] = loci["symbol"].to_numpy()[order]
     return shuffled
