@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -16,6 +16,7 @@ from scipy import sparse
 
 from locusformer.errors import InputError
 from locusformer.pp.batches import combine_batch_columns, listing
+from locusformer.pp.validate import ValueScan, strip_values
 
 if TYPE_CHECKING:
     from locusformer.io.expression import RowSource
@@ -75,31 +76,6 @@ def attach_samples(
     adata = adata.copy()
     adata.obs = obs
     return adata
-
-
-def strip_values(
-    sheet: pd.DataFrame, columns: Sequence[str | None], sheet_path: str
-) -> pd.DataFrame:
-    """The sheet with leading and trailing spaces removed from the values of ``columns``
-    (those it has), saying so: ``"CEL-seq2 "`` and ``"CEL-seq2"`` are one batch to a
-    reader, and would be two to the model."""
-    sheet = sheet.copy(deep=False)
-    for column in dict.fromkeys(c for c in columns if c and c in sheet.columns):
-        values = sheet[column].astype(str)
-        stripped = values.str.strip()
-        changed = values != stripped
-        if changed.any():
-            first = values[changed].iloc[0]
-            log.warning(
-                "%s: %d value(s) of %r had leading or trailing spaces, removed (e.g. %r -> %r)",
-                sheet_path,
-                int(changed.sum()),
-                column,
-                first,
-                first.strip(),
-            )
-            sheet[column] = stripped.where(sheet[column].notna(), sheet[column])
-    return sheet
 
 
 def sample_table(
@@ -191,93 +167,6 @@ def _check_orientation(
         f"the sheet (e.g. {listing(as_samples.tolist()[:2])}); it must be {orientation}, "
         "so transpose it",
     )
-
-
-#: Log-expression stays below this (log2 of a billion is 30); counts data go far above.
-LOG_MAXIMUM = 30.0
-
-
-def _fractional(data: np.ndarray) -> tuple[bool, float]:
-    """Whether any value is not a whole number (and the first such value), chunk by chunk."""
-    flat = data.reshape(-1)
-    for start in range(0, flat.size, 1 << 22):
-        chunk = flat[start : start + (1 << 22)]
-        odd = np.flatnonzero(chunk != np.rint(chunk))
-        if odd.size:
-            return True, float(chunk[odd[0]])
-    return False, 0.0
-
-
-class ValueScan:
-    """What :func:`check_value_type` decides on, gathered chunk by chunk.
-
-    ``add`` each chunk's stored values (``.data`` of a sparse chunk: implicit zeros are
-    whole and non-negative); ``finish`` then refuses or warns exactly as a check of the
-    whole matrix would.
-    """
-
-    def __init__(self, value_type: str, source: str) -> None:
-        self.value_type, self.source = value_type, source
-        self.peak, self.low = -np.inf, np.inf
-        self.example: float | None = None  # the first non-whole value, in row order
-
-    def add(self, data: np.ndarray) -> None:
-        if not data.size:
-            return
-        self.peak = max(self.peak, float(data.max()))
-        if self.value_type == "log_expression":
-            if self.peak > 100:  # refused whatever the rest holds: no need to read it
-                self.finish()
-            return
-        self.low = min(self.low, float(data.min()))
-        if self.low < 0:
-            self.finish()
-        if self.example is None:
-            fractional, example = _fractional(data)
-            self.example = example if fractional else None
-
-    def finish(self) -> bool:
-        """Refuse or warn as the values call for; True if counts are whole numbers."""
-        peak, source = self.peak, self.source
-        if self.value_type == "log_expression":
-            if peak > 100:
-                raise InputError(
-                    source,
-                    f"values go up to {peak:.6g}, which log-expression never does: for raw "
-                    "counts set value_type: counts, else log-transform the matrix first",
-                )
-            return True
-        if self.low < 0:
-            raise InputError(source, "negative values in a matrix declared as value_type: counts")
-        fractional, example = self.example is not None, self.example or 0.0
-        if fractional and peak < LOG_MAXIMUM:
-            raise InputError(
-                source,
-                f"the values look like log-expression, not counts (non-integer values such as "
-                f"{example:.6g}, maximum {peak:.6g}); set value_type: log_expression for this "
-                "dataset",
-            )
-        if fractional:
-            log.warning(
-                "%s: non-integer values (such as %.6g) in a matrix declared as counts: taken "
-                "as estimated counts",
-                source,
-                example,
-            )
-        return not fractional
-
-
-def check_value_type(data: np.ndarray, value_type: str, source: str) -> bool:
-    """Refuse values that contradict the declared ``value_type``; True if counts are whole.
-
-    Counts stored as floats are fine when every value is whole. Non-integer values whose
-    maximum stays below :data:`LOG_MAXIMUM` are log-expression declared as counts; larger
-    non-integer values are taken as estimated counts (salmon, RSEM) with a warning.
-    Log-expression that goes above 100 is not log-expression.
-    """
-    scan = ValueScan(value_type, source)
-    scan.add(np.asarray(data))
-    return scan.finish()
 
 
 def normalize(

@@ -10,6 +10,7 @@ door, and never a NaN result or a "diverged" training run.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,7 +18,8 @@ import pandas as pd
 
 from locusformer.errors import InputError
 from locusformer.io.checks import check_chunk
-from locusformer.pp.normalize import ValueScan, strip_values
+
+log = logging.getLogger(__name__)
 
 #: Rows checked at once: the checks hold one block's mask, whatever the matrix.
 BLOCK_ROWS = 4096
@@ -67,3 +69,115 @@ def batch_labels(values: pd.Series, source: str, *, min_batches: int = 2) -> lis
             f"column {values.name!r} has {found} batch; at least {min_batches} are needed",
         )
     return stripped.tolist()
+
+
+def strip_values(
+    sheet: pd.DataFrame, columns: Sequence[str | None], sheet_path: str
+) -> pd.DataFrame:
+    """The sheet with leading and trailing spaces removed from the values of ``columns``
+    (those it has), saying so: ``"CEL-seq2 "`` and ``"CEL-seq2"`` are one batch to a
+    reader, and would be two to the model."""
+    sheet = sheet.copy(deep=False)
+    for column in dict.fromkeys(c for c in columns if c and c in sheet.columns):
+        values = sheet[column].astype(str)
+        stripped = values.str.strip()
+        changed = values != stripped
+        if changed.any():
+            first = values[changed].iloc[0]
+            log.warning(
+                "%s: %d value(s) of %r had leading or trailing spaces, removed (e.g. %r -> %r)",
+                sheet_path,
+                int(changed.sum()),
+                column,
+                first,
+                first.strip(),
+            )
+            sheet[column] = stripped.where(sheet[column].notna(), sheet[column])
+    return sheet
+
+
+#: Log-expression stays below this (log2 of a billion is 30); counts data go far above.
+LOG_MAXIMUM = 30.0
+
+
+def _fractional(data: np.ndarray) -> tuple[bool, float]:
+    """Whether any value is not a whole number (and the first such value), chunk by chunk."""
+    flat = data.reshape(-1)
+    for start in range(0, flat.size, 1 << 22):
+        chunk = flat[start : start + (1 << 22)]
+        odd = np.flatnonzero(chunk != np.rint(chunk))
+        if odd.size:
+            return True, float(chunk[odd[0]])
+    return False, 0.0
+
+
+class ValueScan:
+    """What :func:`check_value_type` decides on, gathered chunk by chunk.
+
+    ``add`` each chunk's stored values (``.data`` of a sparse chunk: implicit zeros are
+    whole and non-negative); ``finish`` then refuses or warns exactly as a check of the
+    whole matrix would.
+    """
+
+    def __init__(self, value_type: str, source: str) -> None:
+        self.value_type, self.source = value_type, source
+        self.peak, self.low = -np.inf, np.inf
+        self.example: float | None = None  # the first non-whole value, in row order
+
+    def add(self, data: np.ndarray) -> None:
+        if not data.size:
+            return
+        self.peak = max(self.peak, float(data.max()))
+        if self.value_type == "log_expression":
+            if self.peak > 100:  # refused whatever the rest holds: no need to read it
+                self.finish()
+            return
+        self.low = min(self.low, float(data.min()))
+        if self.low < 0:
+            self.finish()
+        if self.example is None:
+            fractional, example = _fractional(data)
+            self.example = example if fractional else None
+
+    def finish(self) -> bool:
+        """Refuse or warn as the values call for; True if counts are whole numbers."""
+        peak, source = self.peak, self.source
+        if self.value_type == "log_expression":
+            if peak > 100:
+                raise InputError(
+                    source,
+                    f"values go up to {peak:.6g}, which log-expression never does: for raw "
+                    "counts set value_type: counts, else log-transform the matrix first",
+                )
+            return True
+        if self.low < 0:
+            raise InputError(source, "negative values in a matrix declared as value_type: counts")
+        fractional, example = self.example is not None, self.example or 0.0
+        if fractional and peak < LOG_MAXIMUM:
+            raise InputError(
+                source,
+                f"the values look like log-expression, not counts (non-integer values such as "
+                f"{example:.6g}, maximum {peak:.6g}); set value_type: log_expression for this "
+                "dataset",
+            )
+        if fractional:
+            log.warning(
+                "%s: non-integer values (such as %.6g) in a matrix declared as counts: taken "
+                "as estimated counts",
+                source,
+                example,
+            )
+        return not fractional
+
+
+def check_value_type(data: np.ndarray, value_type: str, source: str) -> bool:
+    """Refuse values that contradict the declared ``value_type``; True if counts are whole.
+
+    Counts stored as floats are fine when every value is whole. Non-integer values whose
+    maximum stays below :data:`LOG_MAXIMUM` are log-expression declared as counts; larger
+    non-integer values are taken as estimated counts (salmon, RSEM) with a warning.
+    Log-expression that goes above 100 is not log-expression.
+    """
+    scan = ValueScan(value_type, source)
+    scan.add(np.asarray(data))
+    return scan.finish()

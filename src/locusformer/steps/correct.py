@@ -14,7 +14,7 @@ from locusformer.infer.correct import BLOCK_VALUES, CHUNK_SIZE, batch_codes, cor
 from locusformer.io.parquet import iter_matrix_parquet, rows_per_chunk
 from locusformer.io.samples import read_batches
 from locusformer.model.files import load_model
-from locusformer.pp.normalize import ValueScan
+from locusformer.pp.validate import ValueScan
 from locusformer.steps.outputs import fewer_malloc_arenas, matching_ids, open_outputs, read_ahead
 
 
