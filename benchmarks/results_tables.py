@@ -76,6 +76,7 @@ def quality_table(rows: pd.DataFrame) -> str:
     """Task x method: total, mean ± sd over seeds; the best label-free method in bold."""
     stats = rows.groupby(["task", "method"])["total"].agg(["mean", "std", "count"])
     methods = [m for m in METHODS if m in set(rows["method"])]
+    most = int(stats["count"].max())
     lines = [
         "| task | " + " | ".join(METHODS[m] for m in methods) + " |",
         "|" + " --- |" * (len(methods) + 1),
@@ -92,7 +93,9 @@ def quality_table(rows: pd.DataFrame) -> str:
                 cells.append("")
                 continue
             mean, sd, n = here.loc[m]
-            text = f"{mean:.3f} ± {sd:.3f}" if n > 1 else f"{mean:.3f} (1 seed)"
+            text = f"{mean:.3f} ± {sd:.3f}" if n > 1 else f"{mean:.3f}"
+            if n < most:  # fewer seeds than the rest of the table: said in the cell
+                text += f" ({int(n)} seed{'s' if n > 1 else ''})"
             cells.append(f"**{text}**" if m == best else text)
         lines.append(f"| {TASKS[task]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
