@@ -530,3 +530,15 @@ def test_metrics_refuses_unpaired_methods_in_one_line(
     said = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(said) == 1 and fragment in said[0], said
     assert not (tmp_path / "a.tsv").exists()
+
+
+def test_one_kmeans_start_leaves_the_representation_as_it_was():
+    # scib-metrics' k-means writes into its input: what is scored next must not see that.
+    from locusformer.scoring.metrics import kmeans_nmi_ari
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 5)).astype(np.float32)
+    labels = np.repeat(np.arange(3), 20)
+    before = x.copy()
+    kmeans_nmi_ari(x, labels, starts=1)
+    np.testing.assert_array_equal(x, before)
