@@ -114,7 +114,7 @@ def linear(x: Tensor, layer: nn.Linear, gelu: bool = False) -> Tensor:
     kernel with the GELU fused into it. PyTorch's own fp32 CPU matmul calls MKL, which on
     the project's AMD (Zen) machines ran at 0.45 of oneDNN's rate on a 2048 x 2048
     product; the fused GELU also saves a pass over the feed-forward activations.
-    ``correct``'s model ran 1.3-1.4x as fast (BENCHMARKS.md, "Scaling"). The result
+    ``correct``'s model ran 1.3-1.4x as fast (issue 15). The result
     equals the plain path's to float32 rounding. Training and ``torch.compile`` keep the
     plain path: PyTorch gives the backward of that one, and inductor fuses it on its own.
     """
