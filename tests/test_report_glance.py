@@ -303,3 +303,13 @@ def test_the_deciding_columns_come_first_and_detail_is_collapsed(tmp_path: Path)
     assert "<details open" not in html
     assert "@media print" in html and "@page { size: A4" in html
     assert "seed: 1" in html[html.index('<details id="config-details">') :]
+
+
+def test_the_metrics_say_which_representation_to_use_in_python(tmp_path: Path) -> None:
+    tsv = write_metrics(
+        tmp_path / "m.tsv", uncorrected=(0.3, 0.55, 0.45), locusformer=(0.85, 0.6, 0.7)
+    )
+    html = report.render_dataset_report(tmp_path / "r.html", dataset="d", metrics_tsv=tsv)
+    said = re.search(r'<p class="muted" id="metrics-representations">(.*?)</p>', html, re.S)
+    assert said and 'obsm["X_locusformer_pca"]' in said.group(1)
+    assert "sc.pp.neighbors" in said.group(1)
