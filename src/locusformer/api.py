@@ -207,17 +207,11 @@ def _check_ids(adata: ad.AnnData) -> None:
 def _aligned(adata: ad.AnnData, layer: str | None, model: TrainedModel):
     """``adata``'s values over the model's loci (a missing locus takes the model's training
     mean, as :func:`~locusformer.infer.mapping.align_genes` does) and how the genes met."""
-    from locusformer.infer.mapping import align_genes
+    from locusformer.infer.mapping import fill_missing, match_genes
 
     _check_ids(adata)
-    names = pd.Index(adata.var_names.astype(str))
-    _, match = align_genes(pd.DataFrame(columns=names, dtype=np.float32), model, "adata")
-    where = names.get_indexer(pd.Index(model.gene_ids))
-    present = where >= 0
-    mean = model.module.gene_mean.detach().cpu().numpy().astype(np.float32)
-    X = np.broadcast_to(mean, (adata.n_obs, len(where))).copy()
-    X[:, present] = _values(adata, layer, where[present])
-    return X, match
+    where, match = match_genes(adata.var_names, model, "adata")
+    return fill_missing(model, _values(adata, layer, where[where >= 0]), where), match
 
 
 def annotation_table(

@@ -58,14 +58,19 @@ def reference_code(model: TrainedModel, reference: str) -> int | None:
     return model.batch_names.index(name)
 
 
-def _prepare(
-    model: TrainedModel, X: Any, batch_labels: Sequence[Any]
-) -> tuple[np.ndarray, np.ndarray]:
+def _model_matrix(model: TrainedModel, X: Any) -> np.ndarray:
     X = as_matrix(X)
     if X.shape[1] != model.n_loci:
         raise InputError(
             "expression matrix", f"has {X.shape[1]} loci, the model was trained on {model.n_loci}"
         )
+    return X
+
+
+def _prepare(
+    model: TrainedModel, X: Any, batch_labels: Sequence[Any]
+) -> tuple[np.ndarray, np.ndarray]:
+    X = _model_matrix(model, X)
     if len(batch_labels) != X.shape[0]:
         raise InputError("batch labels", f"{len(batch_labels)} labels for {X.shape[0]} samples")
     return X, batch_codes(model, batch_labels)
@@ -167,11 +172,7 @@ def encode(
 ) -> np.ndarray:
     """The latent (n, Z) float32 of samples x loci ``X``: the encoder alone, the same
     numbers :func:`iter_correct` yields (the encoder never sees the batch)."""
-    X = as_matrix(X)
-    if X.shape[1] != model.n_loci:
-        raise InputError(
-            "expression matrix", f"has {X.shape[1]} loci, the model was trained on {model.n_loci}"
-        )
+    X = _model_matrix(model, X)
     if chunk_size < 1:
         raise InputError("batch_size", f"must be >= 1, got {chunk_size}")
     dev = resolve_device(device)

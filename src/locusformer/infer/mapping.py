@@ -72,9 +72,19 @@ def align_genes(
     no evidence either way); a query gene the model does not use is ignored. Fewer than
     :data:`MIN_SHARED_LOCI` of the model's loci present is an :class:`InputError`.
     """
+    where, match = match_genes(frame.columns, model, source)
+    present = where >= 0
+    return fill_missing(model, frame.to_numpy(dtype=np.float32)[:, where[present]], where), match
+
+
+def match_genes(
+    columns: pd.Index, model: TrainedModel, source: str = "query matrix"
+) -> tuple[np.ndarray, GeneMatch]:
+    """Where each of the model's loci is among ``columns`` (-1: missing), and how they met;
+    checked as :func:`align_genes` describes."""
     if model.gene_ids is None:
         raise InputError("model", "the model records no gene ids; it cannot map new data")
-    columns = pd.Index(frame.columns.astype(str))
+    columns = pd.Index(columns.astype(str))
     if columns.has_duplicates:
         raise InputError(source, f"duplicate gene {columns[columns.duplicated()][0]!r}")
     genes = pd.Index(model.gene_ids)
@@ -93,11 +103,16 @@ def align_genes(
             f"({100 * match.share_present:.0f}%); at least {100 * MIN_SHARED_LOCI:.0f}% needed "
             f"(missing e.g. {', '.join(match.missing[:3])})",
         )
-    values = frame.to_numpy(dtype=np.float32)
+    return where, match
+
+
+def fill_missing(model: TrainedModel, present_values: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """(n, L) float32 in the model's locus order from the values of the loci present
+    (``where >= 0``, in that order); the missing ones take the training mean."""
     mean = model.module.gene_mean.detach().cpu().numpy().astype(np.float32)
-    X = np.broadcast_to(mean, (len(frame), len(genes))).copy()
-    X[:, present] = values[:, where[present]]
-    return X, match
+    X = np.broadcast_to(mean, (len(present_values), len(where))).copy()
+    X[:, where >= 0] = present_values
+    return X
 
 
 @dataclass

@@ -148,8 +148,12 @@ def _read_gtf(path: Path, gene_id: str) -> pd.DataFrame:
     ).dropna(subset=["gene_id"])
 
 
+#: The human gene table of the source tree (an installed wheel does not ship it).
+BUNDLED_ANNOTATION = (
+    Path(__file__).resolve().parents[3] / "resources" / "hs_gene_coordinates.tsv.gz"
+)
+
+
 def bundled_annotation() -> Path | None:
-    """The human gene table of the source tree (``resources/hs_gene_coordinates.tsv.gz``),
-    when this package runs from one; None for an installed wheel, which does not ship it."""
-    path = Path(__file__).resolve().parents[3] / "resources" / "hs_gene_coordinates.tsv.gz"
-    return path if path.is_file() else None
+    """:data:`BUNDLED_ANNOTATION` when this package runs from a source tree, else None."""
+    return BUNDLED_ANNOTATION if BUNDLED_ANNOTATION.is_file() else None

@@ -35,6 +35,7 @@ import pandas as pd
 from scipy import sparse
 
 from locusformer.errors import InputError
+from locusformer.io.annotation import BUNDLED_ANNOTATION
 from locusformer.io.atomic import atomic_path
 from locusformer.simulate.genome import (
     BatchEffect,
@@ -181,7 +182,7 @@ PARQUET_MAX_SAMPLES = 20_000  # parquet holds one column per sample and is writt
 
 def default_annotation() -> Path:
     """``resources/hs_gene_coordinates.tsv.gz`` of the source tree."""
-    return Path(__file__).resolve().parents[3] / "resources" / "hs_gene_coordinates.tsv.gz"
+    return BUNDLED_ANNOTATION
 
 
 #: The largest log-mean the settings may reach (see CountSimulationParams.validate).

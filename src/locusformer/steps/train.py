@@ -17,7 +17,6 @@ from locusformer.io.samples import read_batches, read_loci
 from locusformer.model.config import split_params
 from locusformer.model.files import TrainedModel, read_normalization, save_model
 from locusformer.pp.batches import refuse_protected_batch
-from locusformer.pp.validate import check_log_expression
 from locusformer.train.alignment import covariate_levels
 from locusformer.train.data import ordered_matrix
 from locusformer.train.loop import train_corrector
@@ -55,8 +54,6 @@ def run_train(
     scratch = Path(checkpoint_path if checkpoint_path is not None else weights_out).parent
     with ordered_matrix(ordered_path, train_config.data_on_disk, scratch) as ordered:
         X, sample_ids, columns = ordered
-        # Named here: the library's own check would name an "expression matrix".
-        check_log_expression(X, str(ordered_path))
         loci = read_loci(loci_path)
         genes = loci["gene_id"].astype(str).tolist()
         if genes != columns:
@@ -75,6 +72,7 @@ def run_train(
             checkpoint_path=checkpoint_path,
             progress=progress,
             covariates=levels,
+            source=str(ordered_path),
         )
         model.record.protect = list(protect)
         model.record.normalization = read_normalization(normalize_stats)

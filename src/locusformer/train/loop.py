@@ -146,6 +146,7 @@ def train_corrector(
     progress: bool = True,
     on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
     covariates: np.ndarray | None = None,
+    source: str = "expression matrix",
 ) -> tuple[TrainedModel, pd.DataFrame]:
     """Train a batch corrector on ``X`` (samples x loci log-expression, genomic order).
 
@@ -170,6 +171,8 @@ def train_corrector(
         (n,) integer level of each sample's protected biology
         (:func:`locusformer.train.alignment.covariate_levels`): batch is removed only within
         each level, as ComBat's ``mod`` does. None: label-free.
+    source
+        What the input checks name when they refuse ``X`` (the file it was read from).
 
     Returns
     -------
@@ -205,7 +208,7 @@ def train_corrector(
             raise InputError("covariates", f"expected {n} levels >= 0, got {covariates.shape}")
     gene_ids = loci["gene_id"].astype(str).tolist() if "gene_id" in loci.columns else None
     # Bad input is the user's to fix, said in one line: not a run that diverges later.
-    check_log_expression(X, "expression matrix")
+    check_log_expression(X, source)
     dist, dev = init_distributed(tc.devices, device)
     try:
         inputs = _RunInputs(
