@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+from provenance import git, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = {
@@ -237,27 +238,18 @@ def demo_provenance(results: Path) -> str:
     """When the run behind ``results`` wrote its summary, the release and seed its model
     records, and this machine (where the table is written, as ``make run`` is run)."""
     import datetime
-    import os
-    import platform
 
     summary = results / "summary.tsv"
     written = datetime.date.fromtimestamp(summary.stat().st_mtime).isoformat()
     models = sorted(results.glob("*/model/model.json"))
     record = json.loads(models[0].read_text()) if models else {}
-    commit = _git("rev-parse", "--short", "HEAD")
+    commit = git("rev-parse", "--short", "HEAD")
     return (
         f"`make run` of {written}: locusformer {record.get('locusformer_version', '?')} "
         f"(table written at {commit}), seed {record.get('seed', '?')}, on "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores. Wall time and "
+        f"{machine()}. Wall time and "
         "peak memory from the rules' benchmark files (LocusFormer: train + correct)."
     )
-
-
-def _git(*args: str) -> str:
-    import subprocess
-
-    out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
-    return out.stdout.strip()
 
 
 def demo_table(results: Path) -> str:

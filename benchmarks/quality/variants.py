@@ -27,11 +27,14 @@ import sys
 import time
 from pathlib import Path
 
+import anndata as ad
 import numpy as np
 import pandas as pd
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from provenance import record_run
 from tasks import TASKS, write_task
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,8 +65,23 @@ def prepare(tasks: list[str], shared: Path, work: Path) -> None:
     )  # fmt: skip
 
 
+def load_task(work: Path, task: str) -> tuple[ad.AnnData, pd.DataFrame, pd.DataFrame]:
+    """A prepared task: the ordered matrix as an AnnData (batch and cell line categorical in
+    ``obs``), its loci table and its sample table in the matrix's order."""
+    from locusformer.io.parquet import read_matrix_parquet
+
+    d = work / "results" / task
+    ordered = read_matrix_parquet(d / "ordered.parquet", "ordered matrix")
+    loci = pd.read_parquet(d / "loci.parquet")
+    samples = pd.read_csv(d / "samples.tsv", sep="\t", index_col=0, dtype=str).loc[ordered.index]
+    adata = ad.AnnData(X=ordered.to_numpy(np.float32), obs=samples.copy())
+    adata.var_names = ordered.columns
+    for key in ("batch", "cell_line"):
+        adata.obs[key] = adata.obs[key].astype("category")
+    return adata, loci, samples
+
+
 def run(task: str, seeds: list[int], variants: list[str], baselines: list[str], work: Path) -> None:
-    import anndata as ad
     import torch
 
     from locusformer.baselines.methods import run_method
@@ -76,13 +94,7 @@ def run(task: str, seeds: list[int], variants: list[str], baselines: list[str], 
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     d = work / "results" / task
-    ordered = read_matrix_parquet(d / "ordered.parquet", "ordered matrix")
-    loci = pd.read_parquet(d / "loci.parquet")
-    samples = pd.read_csv(d / "samples.tsv", sep="\t", index_col=0, dtype=str).loc[ordered.index]
-    adata = ad.AnnData(X=ordered.to_numpy(np.float32), obs=samples.copy())
-    adata.var_names = ordered.columns
-    for key in ("batch", "cell_line"):
-        adata.obs[key] = adata.obs[key].astype("category")
+    adata, loci, samples = load_task(work, task)
     uncorrected = run_method("uncorrected", adata.copy(), "batch", 0)
     out = work / "results.tsv"
 
@@ -140,35 +152,6 @@ def table(work: Path) -> None:
         print(agg.sort_values("total", ascending=False).round(3).to_markdown())
 
 
-def record_run(work: Path, args: dict) -> None:
-    """Append what a results table must say of this run to ``--work``/runs.jsonl: the date,
-    the commit (and whether the tree had uncommitted changes), the machine and the call."""
-    import platform
-
-    import torch
-
-    def git(*cmd: str) -> str:
-        out = subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True)
-        return out.stdout.strip()
-
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-         if line.startswith("model name")),
-        platform.processor(),
-    ) if Path("/proc/cpuinfo").exists() else platform.processor()  # fmt: skip
-    row = {
-        "date": time.strftime("%Y-%m-%d"),
-        "commit": git("rev-parse", "--short", "HEAD"),
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "machine": f"{cpu}, {os.cpu_count()} cores",
-        "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
-        "torch": torch.__version__,
-        **{k: v for k, v in args.items() if k in ("tasks", "seeds", "variant", "baselines")},
-    }
-    with open(work / "runs.jsonl", "a") as fh:
-        fh.write(json.dumps(row) + "\n")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
@@ -186,7 +169,7 @@ def main() -> None:
         table(args.work)
         return
     prepare(args.tasks, args.shared, args.work)
-    record_run(args.work, vars(args))
+    record_run(args.work, {k: vars(args)[k] for k in ("tasks", "seeds", "variant", "baselines")})
     # Given alone, --baselines runs all of them.
     baselines = BASELINES if args.baselines == [] else args.baselines or []
     for task in args.tasks:

@@ -22,12 +22,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
 import anndata as ad
 import numpy as np
 import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quality"))
+from variants import load_task
 
 BASELINES = ("uncorrected", "combat", "harmony")
 PREPARED = Path("/work/qwork")
@@ -62,13 +66,7 @@ def produce(task: str, seeds: list[int], prepared: Path, out: Path) -> None:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     d = prepared / "results" / task
-    ordered = read_matrix_parquet(d / "ordered.parquet", "ordered matrix")
-    loci = pd.read_parquet(d / "loci.parquet")
-    samples = pd.read_csv(d / "samples.tsv", sep="\t", index_col=0, dtype=str).loc[ordered.index]
-    adata = ad.AnnData(X=ordered.to_numpy(np.float32), obs=samples.copy())
-    adata.var_names = ordered.columns
-    for key in ("batch", "cell_line"):
-        adata.obs[key] = adata.obs[key].astype("category")
+    adata, loci, samples = load_task(prepared, task)
     (out / task).mkdir(parents=True, exist_ok=True)
     full = out / task / "lognorm.h5ad"
     if not full.exists():

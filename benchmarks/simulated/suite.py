@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +39,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from provenance import record_run  # noqa: E402
 from results_tables import SIMULATED_COLUMNS, simulated_rows, simulated_text  # noqa: E402
 
 from locusformer.simulate.scenarios import SUITE, Scenario, simulate_scenario  # noqa: E402
@@ -137,42 +136,6 @@ def run_one(
             fh.writelines(f"{name}\t{label}\t{seed}\t{k}\t{v}\n" for k, v in values.items())
 
 
-def record_run(work: Path, args: argparse.Namespace) -> None:
-    """Append what a results table must say of this run to ``work``/runs.jsonl: the date,
-    the commit (and whether the tree had uncommitted changes), the machine and the call."""
-    import torch
-
-    def git(*cmd: str) -> str:
-        out = subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True)
-        return out.stdout.strip()
-
-    cpuinfo = Path("/proc/cpuinfo")
-    names = [
-        line.split(":", 1)[1].strip()
-        for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
-        if line.startswith("model name")
-    ]
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    row = {
-        "date": time.strftime("%Y-%m-%d"),
-        "commit": git("rev-parse", "--short", "HEAD"),
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "machine": f"{names[0] if names else platform.processor()}, {os.cpu_count()} cores"
-        + (f", {gpu}" if gpu else ""),
-        "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
-        "torch": torch.__version__,
-        "scenarios": args.scenarios,
-        "seeds": args.seeds,
-        "methods": args.methods,
-        "size_scale": args.size_scale,
-        "max_samples": args.max_samples,
-        "genes": args.genes,
-        "training": args.training,
-    }
-    with open(work / "runs.jsonl", "a") as fh:
-        fh.write(json.dumps(row) + "\n")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "out" / "simulated")
@@ -199,7 +162,10 @@ def main() -> None:
     # Threads as the table records them (OMP_NUM_THREADS), not torch's guess.
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     args.work.mkdir(parents=True, exist_ok=True)
-    record_run(args.work, args)
+    record_run(args.work, {
+        k: getattr(args, k)
+        for k in ("scenarios", "seeds", "methods", "size_scale", "max_samples", "genes", "training")
+    })  # fmt: skip
     print("\t".join(SIMULATED_COLUMNS), flush=True)
     for name in args.scenarios:
         scenario = SUITE[name].scaled(
