@@ -22,8 +22,12 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev,scvi,workflow]"
 	touch $(STAMP)
 
+# The SLURM executor plugin (the slurm extra) runs `scontrol show config` at every Snakemake
+# start; where a SLURM client is installed without a reachable controller, that waits out
+# the plugin's 10 s timeout before the first job. The local executor never uses SLURM, so
+# an empty configuration (unless one is set) makes scontrol fail at once.
 run: $(STAMP)
-	$(BIN)/snakemake --cores $(CORES)
+	SLURM_CONF=$${SLURM_CONF-/dev/null} $(BIN)/snakemake --cores $(CORES)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
