@@ -11,6 +11,7 @@ rule baseline:
         "logs/benchmarks/{dataset}/baseline_{method}.tsv"
     wildcard_constraints:
         method="|".join(BASELINES),
+    priority: BASELINE_PRIORITY
     conda:
         "../envs/baselines.yaml"
     threads: 2
@@ -39,6 +40,7 @@ rule locusformer_result:
         "logs/benchmarks/{dataset}/result_{method}.tsv"
     wildcard_constraints:
         method="|".join(LOCUSFORMER_METHODS),
+    priority: CHAIN_PRIORITY
     conda:
         "../envs/baselines.yaml"
     params:

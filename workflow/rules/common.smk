@@ -263,6 +263,14 @@ def get_map_args(wildcards):
 # Samples of a trained dataset that `inspect` traces its model on (seeded by SEED).
 INSPECT_SAMPLES = 8
 
+# Of the jobs ready, Snakemake starts the highest priority first. On a few cores (the demo
+# on 2) the chain the report waits for, normalize -> order_loci -> train (or map) ->
+# correct -> locusformer_result -> metrics -> aggregate_metrics -> report -> index, goes
+# first, and the jobs beside it (confounding, attention_map, inspect, summarize) take the
+# cores it leaves free. The baselines come between: metrics waits for them too.
+CHAIN_PRIORITY = 2
+BASELINE_PRIORITY = 1
+
 
 def get_final_outputs():
     return [

@@ -33,9 +33,12 @@ rule confounding:
 # of UMAP's graph for kBET, JAX's for the rest) and the uncorrected PCA are paid once, not
 # per method.
 # One BLAS thread: the matrices scored are n x 50, and on shared cores OpenBLAS's second
-# thread made the PCA and kBET many times slower (same scores); JAX's own thread pool
-# still uses the job's cores. Above metrics.max_samples samples every method is scored on
-# one stratified subsample (locusformer.scoring.subsample), which each table records.
+# thread made the PCA and kBET many times slower (same scores). The job still claims 2
+# threads for JAX's own thread pool (XLA sizes it by the machine's cores, whatever
+# OMP_NUM_THREADS says), which the silhouettes, LISI and k-means use on a large
+# subsample; on the demo the job is mostly JAX's compilation, on one core. Above
+# metrics.max_samples samples every method is scored on one stratified subsample
+# (locusformer.scoring.subsample), which each table records.
 # KMeans NMI and ARI come from the best of metrics.kmeans_starts starts (1: scib-metrics').
 rule metrics:
     input:
@@ -46,6 +49,7 @@ rule metrics:
         "logs/{dataset}/metrics.log",
     benchmark:
         "logs/benchmarks/{dataset}/metrics.tsv"
+    priority: CHAIN_PRIORITY
     conda:
         "../envs/metrics.yaml"
     threads: 2
@@ -79,6 +83,7 @@ rule aggregate_metrics:
         "logs/{dataset}/aggregate_metrics.log",
     benchmark:
         "logs/benchmarks/{dataset}/aggregate_metrics.tsv"
+    priority: CHAIN_PRIORITY
     conda:
         "../envs/metrics.yaml"
     shell:

@@ -19,6 +19,7 @@ rule train:
         "logs/benchmarks/{dataset}/train.tsv"
     wildcard_constraints:
         dataset=TRAINED_PATTERN,
+    priority: CHAIN_PRIORITY
     conda:
         "../envs/torch.yaml"
     threads: TRAIN_RESOURCES["threads"]
@@ -65,6 +66,7 @@ rule correct:
         "logs/benchmarks/{dataset}/correct.tsv"
     wildcard_constraints:
         dataset=TRAINED_PATTERN,
+    priority: CHAIN_PRIORITY
     conda:
         "../envs/torch.yaml"
     threads: 2
@@ -87,7 +89,9 @@ rule correct:
 
 
 # The trained model's attention maps, for the report's attention section (a mapped
-# dataset has none: they would be its model's, made on other data).
+# dataset has none: they would be its model's, made on other data). Averaged over 256
+# samples at most: one thread at any scale, held to it (PyTorch would take every core)
+# so that the job shares the cores with the chain's.
 rule attention_map:
     input:
         matrix="results/{dataset}/ordered.parquet",
@@ -103,11 +107,12 @@ rule attention_map:
         "logs/benchmarks/{dataset}/attention_map.tsv"
     conda:
         "../envs/torch.yaml"
+    threads: 1
     params:
         batch_key=get_batch_key,
         device=config["device"],
     shell:
-        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}}"
+        "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}} OMP_NUM_THREADS={threads}"
         " python -m locusformer attention --matrix {input.matrix:q} --loci {input.loci:q}"
         " --samples {input.samples:q} --batch-key {params.batch_key}"
         " --weights {input.weights:q} --config {input.config:q} --device {params.device}"
@@ -166,6 +171,7 @@ rule map:
         "logs/benchmarks/{dataset}/map.tsv"
     wildcard_constraints:
         dataset=MAPPED_PATTERN,
+    priority: CHAIN_PRIORITY
     conda:
         "../envs/map.yaml"
     threads: 2

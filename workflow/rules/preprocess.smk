@@ -11,6 +11,7 @@ rule normalize:
         "logs/{dataset}/normalize.log",
     benchmark:
         "logs/benchmarks/{dataset}/normalize.tsv"
+    priority: CHAIN_PRIORITY
     conda:
         "../envs/preprocess.yaml"
     params:
@@ -43,6 +44,7 @@ rule order_loci:
         "logs/{dataset}/order_loci.log",
     benchmark:
         "logs/benchmarks/{dataset}/order_loci.tsv"
+    priority: CHAIN_PRIORITY
     conda:
         "../envs/preprocess.yaml"
     params:

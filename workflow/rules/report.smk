@@ -22,6 +22,7 @@ rule report:
         "logs/{dataset}/report.log",
     benchmark:
         "logs/benchmarks/{dataset}/report.tsv"
+    priority: CHAIN_PRIORITY
     conda:
         "../envs/report.yaml"
     params:
@@ -60,6 +61,7 @@ rule index:
         "logs/index.log",
     benchmark:
         "logs/benchmarks/index.tsv"
+    priority: CHAIN_PRIORITY
     conda:
         "../envs/report.yaml"
     params:
