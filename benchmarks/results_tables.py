@@ -13,10 +13,14 @@ machine and seeds of the run behind it:
     # the simulated suite: every scenario and corrector, three seeds
     .venv/bin/python benchmarks/simulated/suite.py --work W --seeds 0 1 2
     .venv/bin/python benchmarks/results_tables.py simulated --work W
+    # the workflow's cost per rule at scale, three runs of each code, interleaved
+    .venv/bin/python benchmarks/workflow_scale.py --sizes 10000 100000 1000000 --repeats 3 \\
+        --code /tmp/ref --label reference --code . --label current
+    .venv/bin/python benchmarks/results_tables.py scale
 
-``quality --check`` (or ``demo --check``, ``simulated --check``) writes nothing and exits 1
-when a document's table differs from what the data give (a table edited by hand, or data
-rerun without regenerating the documents).
+``quality --check`` (or ``demo --check``, ``simulated --check``, ``scale --check``) writes
+nothing and exits 1 when a document's table differs from what the data give (a table edited
+by hand, or data rerun without regenerating the documents).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ DOCUMENTS = {
     "quality": [ROOT / "docs" / "results.md", ROOT / "README.md"],
     "demo": [ROOT / "docs" / "results.md"],
     "simulated": [ROOT / "docs" / "results.md"],
+    "scale": [ROOT / "docs" / "results.md"],
 }
 TASKS = {
     "protocols": "two protocols (CEL-seq2, Drop-seq; 3 lines)",
@@ -265,6 +270,17 @@ def demo_table(results: Path) -> str:
     return "\n".join(lines)
 
 
+def scale_body(work: Path) -> str:
+    """The scale block: ``benchmarks/workflow_scale.py``'s table from its recorded runs,
+    after checking that a document has the block (``write`` passes over those without)."""
+    from workflow_scale import read_recorded, scale_text
+
+    if not any("<!-- table:scale -->" in doc.read_text() for doc in DOCUMENTS["scale"]):
+        names = ", ".join(str(doc.relative_to(ROOT)) for doc in DOCUMENTS["scale"])
+        raise SystemExit(f"no <!-- table:scale --> block in {names}")
+    return scale_text(*read_recorded(work))
+
+
 def replace_block(text: str, name: str, body: str) -> str:
     pattern = re.compile(rf"(<!-- table:{name} -->\n).*?(\n<!-- /table:{name} -->)", re.S)
     if not pattern.search(text):
@@ -299,12 +315,22 @@ def main() -> None:
     p = commands.add_parser("simulated")
     p.add_argument("--work", type=Path, required=True, help="simulated/suite.py's --work folder")
     p.add_argument("--check", action="store_true", help="compare, write nothing")
+    p = commands.add_parser("scale")
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=ROOT / "benchmarks" / "out" / "workflow_scale",
+        help="workflow_scale.py's --out folder",
+    )
+    p.add_argument("--check", action="store_true", help="compare, write nothing")
     args = parser.parse_args()
     if args.table == "quality":
         rows = quality_rows(args.work)
         body = provenance(args.work, rows) + "\n\n" + quality_table(rows)
     elif args.table == "simulated":
         body = simulated_text(args.work, simulated_rows(args.work))
+    elif args.table == "scale":
+        body = scale_body(args.work)
     else:
         body = demo_provenance(args.results) + "\n\n" + demo_table(args.results)
     same = write(args.table, body, args.check)
