@@ -446,3 +446,51 @@ def test_a_mapped_dataset_says_at_the_top_which_model_and_which_batches_were_new
             tmp_path / "b.html", dataset="b", mapping_json=tmp_path / "bad.json"
         )
     assert not (tmp_path / "b.html").exists()
+
+
+def test_above_the_cap_every_method_is_embedded_on_the_same_capped_subsample(
+    dataset, monkeypatch
+) -> None:
+    from locusformer.report import sections
+    from locusformer.scoring.result_rows import open_result
+    from locusformer.scoring.subsample import scoring_subsample
+
+    monkeypatch.setattr(sections, "EMBEDDING_MAX_SAMPLES", 40)  # of the fixture's 121
+    embedded: dict[str, tuple[pd.Index, tuple[int, ...]]] = {}
+    coords_of = sections._embedding_coords
+
+    def spy(result, seed: int, mode: str):
+        coords, axis = coords_of(result, seed, mode)
+        embedded[str(result.uns["method"])] = (result.obs_names, coords.shape)
+        return coords, axis
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a result was read whole: {args}")
+
+    monkeypatch.setattr(sections, "_embedding_coords", spy)
+    monkeypatch.setattr(ad, "read_h5ad", refuse)  # only the drawn rows are read
+    integrated = dataset["integrated"]
+    obs = open_result(integrated["uncorrected"]).obs
+    drawn = scoring_subsample(obs, "batch", "cell_type", 40, 7)
+
+    section, summary_obs = sections.embedding_section(integrated, "batch", "cell_type", 7, "auto")
+    assert set(embedded) == {"uncorrected", "harmony"}  # combat failed
+    for method, (names, shape) in embedded.items():
+        # the PCA (below UMAP_MIN_SAMPLES) computed on the drawn rows, the same per method
+        assert shape == (40, 2) and set(names) == set(drawn), method
+    assert section["subsample"] == (
+        "A stratified subsample of 40 of the 121 samples (by batch and label, seed 7), the"
+        " same for every method; the scores were computed on all of them."
+    )
+    assert len(summary_obs) == 121  # the summary still counts every sample
+
+    # scored on a subsample larger than the cap: the drawn samples are of the scored ones
+    embedded.clear()
+    section, _ = sections.embedding_section(integrated, "batch", "cell_type", 7, "auto", 60)
+    scored = scoring_subsample(obs, "batch", "cell_type", 60, 7)
+    for method, (names, shape) in embedded.items():
+        assert shape == (40, 2) and set(names) < set(scored), method
+    assert section["subsample"] == (
+        "Drawn from the stratified subsample the scores were computed on: 40 of its 60"
+        " samples, of 121 in all (by batch and label, seed 7)."
+    )

@@ -1,5 +1,6 @@
 # Above metrics.max_samples the embeddings are drawn from the subsample the metrics rule
-# scored (same strata and seed): UMAP would not finish on an atlas, nor the reading fit.
+# scored (same strata and seed), and of 10,000 samples at most: UMAP would not finish on
+# an atlas, nor the reading fit.
 rule report:
     input:
         unpack(get_report_inputs),

@@ -154,9 +154,11 @@ def render_dataset_report(
     section, except for a mapped dataset, whose section says the trace is its model's);
     ``embedding`` is ``"auto"`` (UMAP from
     :data:`~locusformer.report.sections.UMAP_MIN_SAMPLES` samples on, else PCA),
-    ``"umap"`` or ``"pca"``; above ``max_samples`` samples (``metrics.max_samples``,
-    default 50,000) the embeddings are drawn from the subsample the metrics job scored
-    (same strata, ``seed``), and the section says so. The verdict says that its scores
+    ``"umap"`` or ``"pca"``; the embeddings show at most
+    :data:`~locusformer.report.sections.EMBEDDING_MAX_SAMPLES` samples (10,000), a
+    stratified subsample seeded by ``seed``, drawn above ``max_samples`` samples
+    (``metrics.max_samples``, default 50,000) from the subsample the metrics job scored;
+    the section says how many. The verdict says that its scores
     are one seed's, ``seed``; ``seed_metrics``, the metrics tables of the same dataset run
     with other seeds, add how far the leading methods' Totals moved between seeds (the
     table itself stays this run's).

@@ -37,6 +37,9 @@ from locusformer.train.alignment import NEVER_COMPARED, never_compared
 
 #: embedding plots use UMAP from this many samples on, the first two PCs below it
 UMAP_MIN_SAMPLES = 200
+#: the embedding plots show at most this many samples, the same for every method (at 1M
+#: samples, with a PCA and a UMAP per method of the 50,000 scored, the report took 475 s)
+EMBEDDING_MAX_SAMPLES = 10_000
 
 PathLike = str | os.PathLike
 Paths = PathLike | Sequence[PathLike]
@@ -220,22 +223,37 @@ def embedding_subsample(
 
     Above ``max_samples``, the stratified subsample the metrics job scores
     (:func:`~locusformer.scoring.subsample.scoring_subsample` of the uncorrected result's sample
-    table, else the first method's, with the same seed): UMAP would not finish on an
-    atlas, and the plots then show the samples the scores were computed on.
+    table, else the first method's, with the same seed), so that the plots show samples
+    the scores were computed on; of those (or of all samples, below ``max_samples``) at most
+    :data:`EMBEDDING_MAX_SAMPLES`, drawn the same way: a UMAP of more shows no more, and
+    would not finish on an atlas.
     """
     from locusformer.scoring.result_rows import open_result
     from locusformer.scoring.subsample import scoring_subsample
 
     first = "uncorrected" if "uncorrected" in integrated else next(iter(integrated))
     obs = open_result(integrated[first]).obs  # the sample table only; matrices stay on disk
-    keep = scoring_subsample(obs, batch_key, label_key, max_samples, seed)
+    scored = scoring_subsample(obs, batch_key, label_key, max_samples, seed)
+    pool = obs if scored is None else obs.loc[scored]
+    shown = scoring_subsample(pool, batch_key, label_key, EMBEDDING_MAX_SAMPLES, seed)
+    keep = scored if shown is None else shown
     if keep is None:
         return None, ""
     labelled = label_key is not None and label_key in obs and obs[label_key].nunique() > 1
-    strata = "batch and label" if labelled else "batch"
+    how = f"by {'batch and label' if labelled else 'batch'}, seed {seed}"
+    if scored is None:
+        return keep, (
+            f"A stratified subsample of {len(keep):,} of the {len(obs):,} samples ({how}), "
+            "the same for every method; the scores were computed on all of them."
+        )
+    if shown is None:
+        return keep, (
+            f"Drawn from the stratified subsample the scores were computed on: "
+            f"{len(keep):,} of {len(obs):,} samples ({how})."
+        )
     return keep, (
-        f"Drawn from the stratified subsample the scores were computed on: {len(keep)} of "
-        f"{len(obs)} samples (by {strata}, seed {seed})."
+        f"Drawn from the stratified subsample the scores were computed on: {len(keep):,} "
+        f"of its {len(scored):,} samples, of {len(obs):,} in all ({how})."
     )
 
 
@@ -253,9 +271,11 @@ def embedding_section(
     error instead of a plot. Also returns the obs of ``uncorrected`` (else of the first
     method), for the summary's batch x label table. Above ``max_samples`` samples
     (default :data:`~locusformer.scoring.subsample.DEFAULT_MAX_SAMPLES`) each plot shows the
-    scored subsample (:func:`embedding_subsample`), and only its rows are read. The plots
-    are small and carry no legend, for the report to set several per row; the section's
-    ``legend`` gives their colours once (:func:`_draw_embeddings`).
+    scored subsample, and above :data:`EMBEDDING_MAX_SAMPLES` that many of it or of all
+    (:func:`embedding_subsample`); then only those rows are read, and each method's PCA
+    and UMAP are of those rows. The plots are small and carry no legend, for the report
+    to set several per row; the section's ``legend`` gives their colours once
+    (:func:`_draw_embeddings`).
     """
     from locusformer.scoring.result_rows import open_result, read_result, take
     from locusformer.scoring.subsample import DEFAULT_MAX_SAMPLES
