@@ -1,8 +1,8 @@
-"""Time and peak memory of the streamed ComBat (locusformer.baselines.combat) at atlas
+"""Time and peak memory of the streamed ComBat (locusformer.pp.combat) at atlas
 scale (issue 15).
 
 Simulates (numpy, seeded) ``n`` samples x 2,000 genes in float32, 8 batches of unequal
-size, each with its own shift and scale per gene, and runs ``locusformer.baselines.combat.combat``
+size, each with its own shift and scale per gene, and runs ``locusformer.pp.combat.combat``
 with a block size; for ``n <= 50,000`` also ``scanpy.pp.combat`` the way
 ``baselines._combat`` called it before (float64 AnnData, ``inplace=False``) as the peer.
 
@@ -68,7 +68,7 @@ def child(args: argparse.Namespace) -> None:
         import pandas as pd
         import scanpy as sc
     else:
-        from locusformer.baselines.combat import combat
+        from locusformer.pp.combat import combat
     x, batches = simulate(args.n, args.genes, args.seed)
     input_gb = rss_gb()
     t0 = time.perf_counter()
@@ -120,7 +120,7 @@ def main() -> None:
                 sys.exit(f"{method} failed ({done.returncode}):\n{done.stderr[-3000:]}")
             res = json.loads(done.stdout.strip().splitlines()[-1])
             name = (
-                f"locusformer.baselines.combat ({label})"
+                f"locusformer.pp.combat ({label})"
                 if method == "streamed"
                 else "scanpy.pp.combat"
             )

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from locusformer.baselines import combat
+from locusformer.pp import combat
 from locusformer.baselines import methods as baselines
 from locusformer.baselines.methods import run_method
 from locusformer.errors import InputError

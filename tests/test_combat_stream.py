@@ -1,4 +1,4 @@
-"""ComBat streamed over gene blocks (locusformer.baselines.combat) against scanpy.pp.combat
+"""ComBat streamed over gene blocks (locusformer.pp.combat) against scanpy.pp.combat
 (issue 15)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from locusformer.baselines import methods as baselines
-from locusformer.baselines.combat import NonFiniteError, combat, eb_estimates, gene_summaries
+from locusformer.pp.combat import NonFiniteError, combat, eb_estimates, gene_summaries
 from locusformer.baselines.methods import run_method
 
 BLOCKS = [1, 7, 10_000]  # one gene, a block that does not divide the genes, all at once

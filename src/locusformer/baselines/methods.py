@@ -5,7 +5,7 @@ genomic order) and returns an *integration result* (:mod:`locusformer.io.results
 corrected matrix, or an embedding, with the sample table.
 
 Methods: ``uncorrected`` (the input as it is), ``combat`` (:func:`scanpy.pp.combat`'s
-computation, streamed over gene blocks by :mod:`locusformer.baselines.combat`),
+computation, streamed over gene blocks by :mod:`locusformer.pp.combat`),
 ``combat_mod`` (ComBat that keeps the effects of given sample-sheet columns, like
 ``sva::ComBat(mod=)``: it uses labels, so it is no unsupervised peer of the others),
 ``harmony`` (harmonypy on a PCA of the scaled matrix), ``scvi`` (scvi-tools on raw
@@ -197,13 +197,13 @@ def _combat(
     covariates: Sequence[str] = (),
     overwrite: bool = False,
 ) -> ad.AnnData:
-    from locusformer.baselines import combat
+    from locusformer.pp import combat
 
     method = "combat_mod" if covariates else "combat"
     batches = _batches(adata, batch_key)
     _need_batches("ComBat", batches, min_per_batch=2)
     check_covariates(covariates, adata.obs, batch_key, "samples")
-    # no float64 copy of the whole matrix: locusformer.baselines.combat reads blocks of genes
+    # no float64 copy of the whole matrix: locusformer.pp.combat reads blocks of genes
     x = dense(adata.X)
     codes = pd.Categorical(batches).codes
 
