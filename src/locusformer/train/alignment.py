@@ -28,6 +28,7 @@ a fair share of the cluster (:func:`locusformer.model.losses.cluster_batch_mean_
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -36,6 +37,8 @@ import numpy as np
 import pandas as pd
 
 from locusformer.errors import InputError
+
+log = logging.getLogger(__name__)
 
 #: Neighbours searched in each other batch; fastMNN's default.
 MNN_K = 20
@@ -58,6 +61,14 @@ CLUSTER_ROUNDS = 10
 CLUSTER_MIN_SHARE = 0.2
 #: Latents clustered at most; larger training sets are subsampled (seeded per epoch).
 CLUSTER_MAX_SAMPLES = 20_000
+#: Rows the input's levels (:func:`input_levels`) are found on at most; the others take
+#: their nearest sampled neighbour's.
+INPUT_MAX_SAMPLES = 20_000
+#: Least :func:`structure_ratio` of the batch-corrected input for its clusters to be used.
+#: Where every batch holds one class of its own (total confounding), ComBat leaves noise
+#: (ratio 1.8 on the suite's ``confounded-total``, seed 0) and its clusters are arbitrary;
+#: every other suite scenario measured read 5.9 or more.
+INPUT_STRUCTURE_RATIO = 3.0
 #: Quantile bins a numeric covariate is cut into (its levels).
 NUMERIC_BINS = 5
 
@@ -246,6 +257,89 @@ def _gates(weight: np.ndarray, onehot: np.ndarray) -> np.ndarray:
     observed = weight.T @ onehot  # (K, N)
     expected = weight.sum(axis=0)[:, None] * onehot.mean(axis=0)[None, :]
     return (observed >= CLUSTER_MIN_SHARE * expected) & (observed >= 2.0)
+
+
+def input_levels(
+    X: Any, codes: np.ndarray, n_clusters: int, seed: int, *, max_samples: int = INPUT_MAX_SAMPLES
+) -> np.ndarray | None:
+    """(n,) label-free level of each sample: its cluster in the input, corrected quickly.
+
+    ComBat without labels (:func:`locusformer.pp.combat.combat`, each batch's location and
+    scale per locus removed) on at most ``max_samples`` rows (seeded), the PCA of what it
+    returns, and k-means (``n_init=10``) into ``n_clusters``. Training then treats the
+    clusters as protected levels are treated: the batch is removed within each, and a
+    level one batch alone holds is left alone. Decided on the input, the levels do not
+    depend on how far the model has mixed its latent: the latent clusters close every
+    gate while a strong batch effect still splits the latent (issue 38). Rows left out of
+    the sample take the level of their nearest sampled row of their own batch, in the
+    uncorrected data's PCA (within a batch there is no batch effect to cross).
+
+    None when some batch has fewer than two sampled rows (ComBat needs two), or when
+    there is one batch.
+    """
+    from sklearn.cluster import KMeans
+
+    from locusformer.pp.combat import combat
+    from locusformer.pp.pca import n_pcs, pca
+
+    codes = np.asarray(codes)
+    n = len(codes)
+    rows = np.arange(n)
+    if n > max_samples:
+        rows = np.sort(np.random.default_rng([seed, 5]).choice(n, max_samples, replace=False))
+    counts = np.bincount(codes[rows])
+    if (counts > 0).sum() < 2 or counts[counts > 0].min() < 2:
+        return None
+    sample = np.asarray(X[rows], dtype=np.float32)
+    quick = combat(sample.copy(), codes[rows])
+    ratio = structure_ratio(quick, seed)
+    if ratio < INPUT_STRUCTURE_RATIO:
+        log.info(
+            "input clusters: the batch-corrected input holds no structure to cluster "
+            "(main axis %.1f times that of shuffled genes); left to the latent's clusters",
+            ratio,
+        )
+        return None
+    scores = pca(quick, n_pcs(*quick.shape), seed)
+    k = max(1, min(n_clusters, len(rows)))
+    found = KMeans(k, n_init=10, random_state=seed).fit_predict(scores).astype(np.int64)
+    if len(rows) == n:
+        return found
+    levels = np.empty(n, dtype=np.int64)
+    levels[rows] = found
+    uncorrected = _pca(X, rows, MNN_PCS, seed)
+    for b in np.unique(codes):
+        mine = rows[codes[rows] == b]
+        rest = np.setdiff1d(np.flatnonzero(codes == b), mine, assume_unique=True)
+        if len(rest):
+            levels[rest] = levels[mine[_knn(uncorrected[mine], uncorrected[rest], 1)[:, 0]]]
+    return levels
+
+
+def structure_ratio(x: np.ndarray, seed: int) -> float:
+    """Variance of the main axis of ``x`` (samples x loci, each locus standardized) over
+    that of the same values with every locus shuffled on its own (Horn's parallel
+    analysis): about 1 when the loci vary independently, far above it when samples form
+    groups or a continuum."""
+    from sklearn.utils.extmath import randomized_svd
+
+    sd = x.std(axis=0)
+    z = (x[:, sd > 0] - x[:, sd > 0].mean(axis=0)) / sd[sd > 0]
+    rng = np.random.default_rng([seed, 6])
+    shuffled = np.take_along_axis(z, rng.random(z.shape).argsort(axis=0), axis=0)
+    top = [randomized_svd(m, 1, random_state=seed)[1][0] for m in (z, shuffled)]
+    return float((top[0] / max(top[1], 1e-12)) ** 2)
+
+
+def joint_levels(*levels: np.ndarray | None) -> np.ndarray | None:
+    """(n,) one level per combination of the given levels (None ones left out)."""
+    given = [np.asarray(v, dtype=np.int64) for v in levels if v is not None]
+    if not given:
+        return None
+    combined = np.zeros_like(given[0])
+    for v in given:
+        combined = combined * (int(v.max()) + 1) + v
+    return pd.factorize(combined, sort=True)[0].astype(np.int64)
 
 
 def covariate_levels(

@@ -37,6 +37,8 @@ from locusformer.train.alignment import (
     CLUSTER_SIGMA,
     NEVER_COMPARED,
     adversary_targets,
+    input_levels,
+    joint_levels,
     latent_clusters,
     never_compared,
 )
@@ -276,6 +278,7 @@ def _train(
             # A log file (the workflow's case) gets a line every 30 s, not every epoch.
             mininterval=0.1 if sys.stderr.isatty() else 30.0,
         )
+        covariates = _levels(inputs, n_batches)
         targets = adversary_targets(
             StandardizedRows(Xs),
             codes,
@@ -319,6 +322,18 @@ def _train(
     if rank0 and never_compared(history):
         warnings.warn(NEVER_COMPARED, stacklevel=3)
     return trained, history
+
+
+def _levels(inputs: _RunInputs, n_batches: int) -> np.ndarray | None:
+    """(n,) the levels the batch is removed within: the protected covariates' crossed
+    with the input's own clusters (``input_clusters``); None when neither is given."""
+    tc = inputs.tc
+    found = None
+    if tc.input_clusters and n_batches > 1:
+        found = input_levels(inputs.X, inputs.codes, tc.input_clusters, inputs.seed)
+    if found is None:  # the protected levels as given
+        return inputs.covariates
+    return joint_levels(inputs.covariates, found)
 
 
 def _build_model(

@@ -1,0 +1,123 @@
+"""Label-free shared biology from a quickly corrected input (issue 38, item 2): a probe.
+
+The cluster term decides which batches share biology from the model's own latent, and a
+strong batch effect that still splits the latent closes every gate. This probe decides it
+instead from the input, corrected quickly: ComBat (no labels) on the normalized matrix,
+its PCA, k-means into ``--clusters`` pseudo-levels. LocusFormer is then trained with those
+levels as its protected covariate (the path a sample sheet's ``protect`` column takes:
+the batch is removed within levels, the adversary's target kept to the batches that hold
+the sample's level), at its defaults otherwise, and scored as the suite scores it.
+
+A level that one batch alone holds (a group confounded with its batch) is then left alone;
+levels that several batches hold are aligned whatever the latent looks like. What it risks:
+ComBat without labels pulls confounded groups together, and levels found there open gates
+between different biology.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/pseudo_levels.py \\
+        --out OUT.tsv --scenarios mixtures trajectory --seeds 0
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/pseudo_levels.py \\
+        --out OUT.tsv --tasks-work /work/qwork --tasks protocols cellbench5_skewed --seeds 0
+
+One row per (data set, variant, seed) appended to ``--out``: batch, bio, total, and the
+adjusted Rand index of the pseudo-levels against the true classes (a diagnostic only;
+nothing in training reads a label).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "simulated"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "quality"))
+
+
+def pseudo_levels(adata, batch_key: str, n_clusters: int, seed: int) -> np.ndarray:
+    """(n,) k-means cluster of each sample in the PCA of the ComBat-corrected matrix."""
+    from sklearn.cluster import KMeans
+
+    from locusformer.baselines.methods import run_method
+    from locusformer.pp.pca import n_pcs, pca
+
+    quick = run_method("combat", adata.copy(), batch_key, seed)
+    x = np.asarray(quick.X, dtype=np.float32)
+    scores = pca(x, n_pcs(*x.shape), seed)
+    return KMeans(n_clusters, n_init=10, random_state=seed).fit_predict(scores).astype(np.int64)
+
+
+def run(name, adata, loci, keys, seed, clusters, training, out: Path) -> None:
+    from sklearn.metrics import adjusted_rand_score
+
+    from locusformer.baselines.methods import run_method
+    from locusformer.infer.correct import correct
+    from locusformer.io.results import make_result
+    from locusformer.scoring.metrics import score_method
+    from locusformer.train.loop import train_corrector
+
+    batch_key, label_key = keys
+    uncorrected = run_method("uncorrected", adata.copy(), batch_key, 0)
+    batches = adata.obs[batch_key].astype(str).tolist()
+    for k in clusters:
+        start = time.perf_counter()
+        levels = pseudo_levels(adata, batch_key, k, seed) if k else None
+        ari = adjusted_rand_score(adata.obs[label_key], levels) if k else float("nan")
+        model, _ = train_corrector(
+            adata.X, batches, loci, None, training, seed=seed, progress=False, covariates=levels
+        )
+        corrected, _ = correct(model, adata.X, batches)
+        result = make_result(
+            corrected, method="locusformer", representation="matrix", obs=adata.obs,
+            var_names=adata.var_names, batch_key=batch_key, label_key=label_key,
+        )  # fmt: skip
+        values = score_method(result, uncorrected, batch_key, label_key, seed=seed)
+        v = values.set_index("metric")["value"]
+        variant = (f"pseudo_levels_{k}" if k else "default") + (
+            f" {json.dumps(training)}" if training else ""
+        )
+        row = [name, variant, seed, v["Batch correction"], v["Bio conservation"], v["Total"]]
+        line = "\t".join(map(str, [*row, round(ari, 3), round(time.perf_counter() - start, 1)]))
+        print(line, flush=True)
+        with open(out, "a") as fh:
+            fh.write(line + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--scenarios", nargs="*", default=[])
+    parser.add_argument("--tasks", nargs="*", default=[])
+    parser.add_argument("--tasks-work", type=Path, default=Path("/work/qwork"))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--clusters", nargs="+", type=int, default=[8], help="0: the default")
+    parser.add_argument("--training", type=json.loads, default=None, help="JSON overrides")
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    for name in args.scenarios:
+        from suite import BATCH_KEY, LABEL_KEY, prepare
+
+        from locusformer.simulate.scenarios import SUITE
+
+        for seed in args.seeds:
+            adata, _, loci = prepare(SUITE[name], seed)
+            keys = (BATCH_KEY, LABEL_KEY)
+            run(name, adata, loci, keys, seed, args.clusters, args.training, args.out)
+    for task in args.tasks:
+        from variants import load_task
+
+        adata, loci, _ = load_task(args.tasks_work, task)
+        for seed in args.seeds:
+            keys = ("batch", "cell_line")
+            run(task, adata, loci, keys, seed, args.clusters, args.training, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""Levels found on the input, corrected quickly and without labels (issue 38, item 2).
+
+``input_levels`` clusters the ComBat-corrected input; training treats the clusters as it
+treats protected levels. These tests check what it finds on data whose truth is known: two
+batches of the same three groups under a strong per-gene shift (the groups found across
+the batches), every batch one group of its own (nothing to cluster: None), and the
+sample's answer carried to the rows left out of it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+from locusformer.train.alignment import input_levels, joint_levels, structure_ratio
+
+
+def _data(n_per: int, groups_per_batch: list[list[int]], shift: float, seed: int = 0):
+    """Log-expression-like rows: a group programme plus a strong shift per batch."""
+    rng = np.random.default_rng(seed)
+    n_genes = 200
+    programmes = rng.normal(0.0, 2.0, (4, n_genes))
+    rows, codes, groups = [], [], []
+    for b, held in enumerate(groups_per_batch):
+        batch_shift = rng.normal(0.0, shift, n_genes)
+        for g in held:
+            rows.append(5.0 + programmes[g] + batch_shift + rng.normal(0, 1, (n_per, n_genes)))
+            codes += [b] * n_per
+            groups += [g] * n_per
+    return np.vstack(rows).astype(np.float32), np.array(codes), np.array(groups)
+
+
+def test_shared_groups_are_found_across_a_strong_batch_shift() -> None:
+    x, codes, groups = _data(60, [[0, 1, 2], [0, 1, 2]], shift=6.0)
+    levels = input_levels(x, codes, n_clusters=3, seed=0)
+    assert levels is not None
+    assert adjusted_rand_score(groups, levels) > 0.95
+    # each level holds both batches: the shift did not split them
+    for level in np.unique(levels):
+        assert set(codes[levels == level]) == {0, 1}
+
+
+def test_one_class_per_batch_leaves_nothing_to_cluster() -> None:
+    x, codes, _ = _data(80, [[0], [1], [2]], shift=0.0)
+    assert input_levels(x, codes, n_clusters=3, seed=0) is None
+
+
+def test_structure_ratio_tells_groups_from_noise() -> None:
+    x, _, _ = _data(60, [[0, 1, 2]], shift=0.0)
+    noise = np.random.default_rng(1).normal(size=x.shape).astype(np.float32)
+    assert structure_ratio(x, seed=0) > 10
+    assert structure_ratio(noise, seed=0) == pytest.approx(1.0, abs=0.3)
+
+
+def test_rows_left_out_of_the_sample_take_their_neighbours_level() -> None:
+    x, codes, groups = _data(60, [[0, 1, 2], [0, 1, 2]], shift=6.0)
+    levels = input_levels(x, codes, n_clusters=3, seed=0, max_samples=150)
+    assert levels is not None and len(levels) == len(codes)
+    assert adjusted_rand_score(groups, levels) > 0.95
+
+
+def test_a_batch_of_one_sample_turns_it_off() -> None:
+    x, codes, _ = _data(60, [[0, 1], [0, 1]], shift=1.0)
+    codes[0] = 2  # a third batch of one sample
+    assert input_levels(x, codes, n_clusters=2, seed=0) is None
+
+
+def test_joint_levels_cross_the_given_ones() -> None:
+    a = np.array([0, 0, 1, 1])
+    b = np.array([0, 1, 0, 1])
+    assert joint_levels(a, b).tolist() == [0, 1, 2, 3]
+    assert joint_levels(None, b).tolist() == [0, 1, 0, 1]
+    assert joint_levels(None, None) is None
+
+
+def test_training_removes_the_batch_within_the_input_clusters() -> None:
+    """``input_clusters`` reaches the loss: the level term is measured and the run differs
+    from one without it; 0 leaves the run as it was."""
+    import torch
+
+    from locusformer.simulate.datasets import simulate
+    from locusformer.train.loop import train_corrector
+
+    torch.set_num_threads(1)
+    sim = simulate(
+        n_samples=160, n_loci=40, n_batches=2, n_groups=2, group_effect=4.0, batch_shift=2.0, seed=1
+    )
+    labels = [f"b{b}" for b in sim.batch]
+    small = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
+    train = dict(max_epochs=3, batch_size=32, batch_mean_clusters=2, adversary_rampup_epochs=1)
+
+    def run(**overrides):
+        tc = {**train, **overrides}
+        return train_corrector(sim.X, labels, sim.loci, small, tc, seed=0, progress=False)
+
+    _, plain = run()
+    _, zero = run(input_clusters=0)
+    _, clustered = run(input_clusters=2)
+    assert (plain["train_level_mean"] == 0).all()
+    assert plain["train_total"].equals(zero["train_total"])
+    assert (clustered["train_level_mean"] > 0).any()
+    assert not plain["train_total"].equals(clustered["train_total"])
