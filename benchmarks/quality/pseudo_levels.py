@@ -39,20 +39,54 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "simulated"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "quality"))
 
 
-def pseudo_levels(adata, batch_key: str, n_clusters: int, seed: int) -> np.ndarray:
-    """(n,) k-means cluster of each sample in the PCA of the ComBat-corrected matrix."""
+def _kmeans(x: np.ndarray, n_clusters: int, seed: int) -> np.ndarray:
     from sklearn.cluster import KMeans
 
-    from locusformer.baselines.methods import run_method
     from locusformer.pp.pca import n_pcs, pca
 
-    quick = run_method("combat", adata.copy(), batch_key, seed)
-    x = np.asarray(quick.X, dtype=np.float32)
     scores = pca(x, n_pcs(*x.shape), seed)
     return KMeans(n_clusters, n_init=10, random_state=seed).fit_predict(scores).astype(np.int64)
 
 
-def run(name, adata, loci, keys, seed, clusters, training, out: Path) -> None:
+def mnn_shifted(x: np.ndarray, codes: np.ndarray, seed: int, k: int = 20) -> np.ndarray:
+    """``x`` with each batch but the largest moved by one vector: the median difference
+    over its mutual nearest neighbour pairs with the other batches (cosine PCA)."""
+    from sklearn.neighbors import NearestNeighbors
+
+    from locusformer.pp.pca import n_pcs, pca
+
+    s = pca(x, n_pcs(*x.shape), seed)
+    s /= np.linalg.norm(s, axis=1, keepdims=True)
+    out = x.copy()
+    ref = np.bincount(codes).argmax()
+    for b in np.unique(codes):
+        if b == ref:
+            continue
+        ib, ir = np.flatnonzero(codes == b), np.flatnonzero(codes != b)
+        kk = max(1, min(k, int(0.2 * min(len(ib), len(ir)))))
+        b2r = NearestNeighbors(n_neighbors=kk).fit(s[ir]).kneighbors(s[ib])[1]
+        r2b = NearestNeighbors(n_neighbors=kk).fit(s[ib]).kneighbors(s[ir])[1]
+        pairs = [(p, q) for p in range(len(ib)) for q in b2r[p] if p in r2b[q]]
+        if pairs:
+            out[ib] += np.median(np.array([x[ir[q]] - x[ib[p]] for p, q in pairs]), axis=0)
+    return out
+
+
+def pseudo_levels(adata, batch_key: str, n_clusters: int, seed: int, quick: str) -> np.ndarray:
+    """(n,) k-means cluster of each sample in the PCA of the quickly corrected matrix:
+    ComBat's ("combat"), or crossed with that of the MNN-shifted matrix ("cross")."""
+    from locusformer.pp.combat import combat
+    from locusformer.train.alignment import joint_levels
+
+    x = np.asarray(adata.X, dtype=np.float32)
+    codes = adata.obs[batch_key].astype("category").cat.codes.to_numpy()
+    levels = _kmeans(combat(x.copy(), codes), n_clusters, seed)
+    if quick == "cross":
+        levels = joint_levels(levels, _kmeans(mnn_shifted(x, codes, seed), n_clusters, seed))
+    return levels
+
+
+def run(name, adata, loci, keys, seed, clusters, training, out: Path, quick="combat") -> None:
     from sklearn.metrics import adjusted_rand_score
 
     from locusformer.baselines.methods import run_method
@@ -66,7 +100,7 @@ def run(name, adata, loci, keys, seed, clusters, training, out: Path) -> None:
     batches = adata.obs[batch_key].astype(str).tolist()
     for k in clusters:
         start = time.perf_counter()
-        levels = pseudo_levels(adata, batch_key, k, seed) if k else None
+        levels = pseudo_levels(adata, batch_key, k, seed, quick) if k else None
         ari = adjusted_rand_score(adata.obs[label_key], levels) if k else float("nan")
         model, _ = train_corrector(
             adata.X, batches, loci, None, training, seed=seed, progress=False, covariates=levels
@@ -78,9 +112,8 @@ def run(name, adata, loci, keys, seed, clusters, training, out: Path) -> None:
         )  # fmt: skip
         values = score_method(result, uncorrected, batch_key, label_key, seed=seed)
         v = values.set_index("metric")["value"]
-        variant = (f"pseudo_levels_{k}" if k else "default") + (
-            f" {json.dumps(training)}" if training else ""
-        )
+        variant = f"pseudo_levels_{k}" + ("_cross" if quick == "cross" else "") if k else "default"
+        variant += f" {json.dumps(training)}" if training else ""
         row = [name, variant, seed, v["Batch correction"], v["Bio conservation"], v["Total"]]
         line = "\t".join(map(str, [*row, round(ari, 3), round(time.perf_counter() - start, 1)]))
         print(line, flush=True)
@@ -97,6 +130,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--clusters", nargs="+", type=int, default=[8], help="0: the default")
     parser.add_argument("--training", type=json.loads, default=None, help="JSON overrides")
+    parser.add_argument("--quick", choices=["combat", "cross"], default="combat")
     args = parser.parse_args()
     import torch
 
@@ -109,14 +143,14 @@ def main() -> None:
         for seed in args.seeds:
             adata, _, loci = prepare(SUITE[name], seed)
             keys = (BATCH_KEY, LABEL_KEY)
-            run(name, adata, loci, keys, seed, args.clusters, args.training, args.out)
+            run(name, adata, loci, keys, seed, args.clusters, args.training, args.out, args.quick)
     for task in args.tasks:
         from variants import load_task
 
         adata, loci, _ = load_task(args.tasks_work, task)
         for seed in args.seeds:
             keys = ("batch", "cell_line")
-            run(task, adata, loci, keys, seed, args.clusters, args.training, args.out)
+            run(task, adata, loci, keys, seed, args.clusters, args.training, args.out, args.quick)
 
 
 if __name__ == "__main__":
