@@ -120,9 +120,7 @@ def main() -> None:
                 sys.exit(f"{method} failed ({done.returncode}):\n{done.stderr[-3000:]}")
             res = json.loads(done.stdout.strip().splitlines()[-1])
             name = (
-                f"locusformer.pp.combat ({label})"
-                if method == "streamed"
-                else "scanpy.pp.combat"
+                f"locusformer.pp.combat ({label})" if method == "streamed" else "scanpy.pp.combat"
             )
             extra = res["peak_gb"] - res["input_gb"]
             print(

@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from locusformer.pp import combat
 from locusformer.baselines import methods as baselines
 from locusformer.baselines.methods import run_method
 from locusformer.errors import InputError
+from locusformer.pp import combat
 from locusformer.pp.pca import n_pcs, pca, pca_scaled_blocks
 from locusformer.simulate.datasets import simulate
 from locusformer.steps.baseline import run_baseline

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from locusformer.baselines import methods as baselines
-from locusformer.pp.combat import NonFiniteError, combat, eb_estimates, gene_summaries
 from locusformer.baselines.methods import run_method
+from locusformer.pp.combat import NonFiniteError, combat, eb_estimates, gene_summaries
 
 BLOCKS = [1, 7, 10_000]  # one gene, a block that does not divide the genes, all at once
 
