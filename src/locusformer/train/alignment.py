@@ -167,12 +167,22 @@ def shared_batches(
             near = _knn(scores[ia], scores[ia], kk)  # (|a|, kk), itself included
             out[ia] = out[ia][near].mean(axis=1) >= SMOOTH_SHARE
             out[ia, a] = True
-    for b in present:  # samples left out of the search take their nearest searched one's
-        rest = np.setdiff1d(members[b], searched[b], assume_unique=True)
-        if len(rest):
-            near = _knn(scores[searched[b]], scores[rest], 1)[:, 0]
-            out[rest] = out[searched[b][near]]
+    # samples left out of the search take their nearest searched one's
+    _fill_from_sampled(out, scores, codes, np.sort(np.concatenate(list(searched.values()))))
     return out
+
+
+def _fill_from_sampled(
+    values: np.ndarray, scores: np.ndarray, codes: np.ndarray, sampled: np.ndarray
+) -> None:
+    """In place: each row of ``values`` outside ``sampled`` (sorted row indices) takes the
+    value of its nearest sampled row of its own batch in ``scores``: within a batch there
+    is no batch effect to cross."""
+    for b in np.unique(codes):
+        mine = sampled[codes[sampled] == b]
+        rest = np.setdiff1d(np.flatnonzero(codes == b), mine, assume_unique=True)
+        if len(rest):
+            values[rest] = values[mine[_knn(scores[mine], scores[rest], 1)[:, 0]]]
 
 
 class Clustering(NamedTuple):
@@ -293,8 +303,7 @@ def input_levels(
     counts = np.bincount(codes[rows])
     if (counts > 0).sum() < 2 or counts[counts > 0].min() < 2:
         return None
-    sample = np.asarray(X[rows], dtype=np.float32)
-    quick = combat(sample.copy(), codes[rows])
+    quick = combat(np.asarray(X[rows], dtype=np.float32), codes[rows])  # written to a new array
     ratio = structure_ratio(quick, seed)
     if ratio < INPUT_STRUCTURE_RATIO:
         log.info(
@@ -310,12 +319,7 @@ def input_levels(
         return found
     levels = np.empty(n, dtype=np.int64)
     levels[rows] = found
-    uncorrected = _pca(X, rows, MNN_PCS, seed)
-    for b in np.unique(codes):
-        mine = rows[codes[rows] == b]
-        rest = np.setdiff1d(np.flatnonzero(codes == b), mine, assume_unique=True)
-        if len(rest):
-            levels[rest] = levels[mine[_knn(uncorrected[mine], uncorrected[rest], 1)[:, 0]]]
+    _fill_from_sampled(levels, _pca(X, rows, MNN_PCS, seed), codes, rows)
     return levels
 
 
@@ -327,7 +331,8 @@ def structure_ratio(x: np.ndarray, seed: int) -> float:
     from sklearn.utils.extmath import randomized_svd
 
     sd = x.std(axis=0)
-    z = (x[:, sd > 0] - x[:, sd > 0].mean(axis=0)) / sd[sd > 0]
+    varying = x[:, sd > 0]
+    z = (varying - varying.mean(axis=0)) / sd[sd > 0]
     rng = np.random.default_rng([seed, 6])
     shuffled = np.take_along_axis(z, rng.random(z.shape).argsort(axis=0), axis=0)
     top = [randomized_svd(m, 1, random_state=seed)[1][0] for m in (z, shuffled)]
