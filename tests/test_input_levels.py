@@ -1,10 +1,11 @@
 """Levels found on the input, corrected quickly and without labels (issue 38, item 2).
 
-``input_levels`` clusters the ComBat-corrected input; training treats the clusters as it
-treats protected levels. These tests check what it finds on data whose truth is known: two
-batches of the same three groups under a strong per-gene shift (the groups found across
-the batches), every batch one group of its own (nothing to cluster: None), and the
-sample's answer carried to the rows left out of it.
+``input_levels`` clusters the ComBat-corrected input, each batch re-centred on its mutual
+nearest neighbours; training treats the clusters as it treats protected levels. These
+tests check what it finds on data whose truth is known: two batches of the same three
+groups under a strong per-gene shift (the groups found across the batches), batches of
+opposite composition (ComBat's location error undone), every batch one group of its own
+(nothing to cluster: None), and the sample's answer carried to the rows left out of it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
-from locusformer.train.alignment import input_levels, joint_levels, structure_ratio
+from locusformer.pp.combat import combat
+from locusformer.train.alignment import (
+    input_levels,
+    joint_levels,
+    mnn_recentred,
+    structure_ratio,
+)
 
 
 def _data(n_per: int, groups_per_batch: list[list[int]], shift: float, seed: int = 0):
@@ -39,6 +46,46 @@ def test_shared_groups_are_found_across_a_strong_batch_shift() -> None:
     # each level holds both batches: the shift did not split them
     for level in np.unique(levels):
         assert set(codes[levels == level]) == {0, 1}
+
+
+def _skewed(sizes: list[tuple[int, int]], shift: float, seed: int = 0):
+    """Two groups held by both batches in opposite proportions, a per-gene batch shift."""
+    rng = np.random.default_rng(seed)
+    programmes = rng.normal(0.0, 2.0, (2, 200))
+    rows, codes, groups = [], [], []
+    for b, held in enumerate(sizes):
+        batch_shift = rng.normal(0.0, shift, 200)
+        for g, n in enumerate(held):
+            rows.append(5.0 + programmes[g] + batch_shift + rng.normal(0, 1, (n, 200)))
+            codes += [b] * n
+            groups += [g] * n
+    return np.vstack(rows).astype(np.float32), np.array(codes), np.array(groups)
+
+
+def _group_gap(x: np.ndarray, codes: np.ndarray, groups: np.ndarray) -> float:
+    """Mean distance between the two batches' means of the same group."""
+    means = [
+        [x[(codes == b) & (groups == g)].mean(axis=0) for b in (0, 1)] for g in np.unique(groups)
+    ]
+    return float(np.mean([np.linalg.norm(a - b) for a, b in means]))
+
+
+def test_recentring_undoes_the_location_combat_takes_from_composition() -> None:
+    """ComBat's batch location is the batch mean: with 80/20 against 20/80 it moves each
+    group of one batch away from the same group of the other; the mutual pairs bring them
+    back together."""
+    x, codes, groups = _skewed([(80, 20), (20, 80)], shift=1.0)
+    quick = combat(x.copy(), codes)
+    recentred = mnn_recentred(quick, codes, seed=0)
+    assert _group_gap(recentred, codes, groups) < 0.25 * _group_gap(quick, codes, groups)
+
+
+def test_recentring_leaves_a_right_correction_nearly_alone() -> None:
+    """Same composition in every batch: ComBat's location is right and the median over the
+    mutual pairs is about zero (noise sd 1)."""
+    x, codes, _ = _data(60, [[0, 1, 2], [0, 1, 2]], shift=6.0)
+    quick = combat(x.copy(), codes)
+    assert np.abs(mnn_recentred(quick, codes, seed=0) - quick).mean() < 0.05
 
 
 def test_one_class_per_batch_leaves_nothing_to_cluster() -> None:
