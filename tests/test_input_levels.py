@@ -148,3 +148,35 @@ def test_training_removes_the_batch_within_the_input_clusters() -> None:
     assert plain["train_total"].equals(zero["train_total"])
     assert (clustered["train_level_mean"] > 0).any()
     assert not plain["train_total"].equals(clustered["train_total"])
+
+
+def test_input_clusters_leave_the_adversary_target_to_the_protected_levels(monkeypatch) -> None:
+    """The input's clusters feed the level term only: a cluster the quick correction left
+    split by batch must not keep the adversary's target to that cluster's batches."""
+    import torch
+
+    from locusformer.simulate.datasets import simulate
+    from locusformer.train import loop
+
+    seen = []
+    real = loop.adversary_targets
+
+    def record(*args, **kwargs):
+        seen.append(kwargs["levels"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "adversary_targets", record)
+    torch.set_num_threads(1)
+    sim = simulate(
+        n_samples=120, n_loci=40, n_batches=2, n_groups=2, group_effect=4.0, batch_shift=2.0, seed=1
+    )
+    labels = [f"b{b}" for b in sim.batch]
+    small = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
+    train = dict(max_epochs=2, batch_size=32, input_clusters=2, adversary_rampup_epochs=1)
+    protected = np.asarray(sim.group, dtype=np.int64)
+    loop.train_corrector(sim.X, labels, sim.loci, small, train, seed=0, progress=False)
+    loop.train_corrector(
+        sim.X, labels, sim.loci, small, train, seed=0, progress=False, covariates=protected
+    )
+    assert seen[0] is None
+    assert np.array_equal(seen[1], protected)

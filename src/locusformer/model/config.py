@@ -217,11 +217,12 @@ class TrainConfig:
     # pseudo-bulk (0.768 against ComBat with mod's 0.784; with the term 0.787, three
     # seeds; issue 18). No effect without protected covariates.
     level_mean_weight: float = 1.0
-    # Clusters of the input, corrected quickly and without labels (ComBat, its PCA,
-    # k-means; train.alignment.input_levels), that training then treats as protected
-    # levels: the batch is removed within each, and one that a batch alone holds is left
-    # alone. The latent's clusters decide the same only once the latent is mixed, and a
-    # strong batch effect that still splits it closes every gate (issue 38). 0 disables.
+    # Clusters of the input, corrected quickly and without labels (ComBat, each batch
+    # re-centred on its mutual nearest neighbours, PCA, k-means;
+    # train.alignment.input_levels), within which the level term removes the batch from
+    # the first epoch. The latent's clusters decide the same only once the latent is
+    # mixed, and a strong batch effect that still splits it closes every gate (issue 38).
+    # The adversary's target is left to the protected covariates. 0 disables.
     input_clusters: int = 0
     mmd_weight: float = 0.0
     # Which batches each sample is aligned with (locusformer.train.alignment). "shared": only

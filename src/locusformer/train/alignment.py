@@ -284,11 +284,13 @@ def input_levels(
     scale per locus removed) on at most ``max_samples`` rows (seeded), each batch then
     re-centred on its mutual nearest neighbours (:func:`mnn_recentred`: ComBat's location
     is the batch's mean, which follows its composition), the PCA of what that returns,
-    and k-means (``n_init=10``) into ``n_clusters``. Training then treats the
-    clusters as protected levels are treated: the batch is removed within each, and a
-    level one batch alone holds is left alone. Decided on the input, the levels do not
-    depend on how far the model has mixed its latent: the latent clusters close every
-    gate while a strong batch effect still splits the latent (issue 38). Rows left out of
+    and k-means (``n_init=10``) into ``n_clusters``. Training removes the batch within
+    each cluster (the level term, :func:`locusformer.model.losses.level_batch_share`).
+    Decided on the input, the clusters do not depend on how far the model has mixed its
+    latent: the latent clusters close every gate while a strong batch effect still splits
+    the latent (issue 38). Unlike protected levels they leave the adversary's target
+    alone: a cluster that the quick correction left split by batch would then be held
+    split. Rows left out of
     the sample take the level of their nearest sampled row of their own batch, in the
     uncorrected data's PCA (within a batch there is no batch effect to cross).
 
