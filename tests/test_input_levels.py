@@ -180,3 +180,29 @@ def test_input_clusters_leave_the_adversary_target_to_the_protected_levels(monke
     )
     assert seen[0] is None
     assert np.array_equal(seen[1], protected)
+
+
+def test_input_clusters_remove_a_known_batch_effect_and_keep_the_groups() -> None:
+    """Input clusters on the data ``test_correct`` judges the model's own terms by. Two
+    batches, so 0.5 is chance; measured on seeds 0-2: 0.66, 0.53, 0.57 for the corrected
+    matrix (0.57, 0.58, 0.53 with the clusters off), groups 1.0."""
+    import torch
+    from quality_probe import DATA, MODEL, TRAIN, probe
+
+    from locusformer.infer.correct import correct
+    from locusformer.simulate.datasets import simulate
+    from locusformer.train.loop import train_corrector
+
+    torch.set_num_threads(1)
+    sim = simulate(**DATA)
+    labels = [f"b{b}" for b in sim.batch]
+    train = {**TRAIN, "input_clusters": 8}
+    model, history = train_corrector(
+        sim.X, labels, sim.loci, MODEL, train, seed=0, device="cpu", progress=False
+    )
+    assert (history["train_level_mean"] > 0).any()  # the clusters were used
+    corrected, latent = correct(model, sim.X, labels, device="cpu")
+    assert probe(sim.X, sim.batch) > 0.95
+    assert probe(corrected, sim.batch) < 0.7
+    assert probe(latent, sim.batch) < 0.65
+    assert probe(corrected, sim.group) > 0.9
