@@ -64,7 +64,9 @@ METHODS = {
 COLUMNS = ["task", "method", "seed", "batch", "bio", "total", "seconds"]
 
 
-def quality_rows(work: Path) -> pd.DataFrame:
+def quality_rows(work: Path, locusformer: str = "default") -> pd.DataFrame:
+    """The rows of ``work``; LocusFormer's are those of the variant named ``locusformer``
+    (a default measured under its name before it became the default)."""
     rows = pd.read_csv(work / "results.tsv", sep="\t", header=None, names=COLUMNS)
     rows = rows.drop_duplicates(["task", "method", "seed"], keep="last")
     # The protected run is its own row of the table, beside ComBat told the same labels.
@@ -73,6 +75,9 @@ def quality_rows(work: Path) -> pd.DataFrame:
     rows.loc[protected, "method"] = rows.loc[protected, "method"].str.removesuffix(
         " protect=cell_line"
     )
+    if locusformer != "default":
+        rows = rows[rows["method"] != "locusformer default"].copy()
+        rows.loc[rows["method"] == f"locusformer {locusformer}", "method"] = "locusformer default"
     moved = (rows["method"] == "combat_mod") & (rows["task"] == "pseudobulk_confounded")
     rows.loc[moved, "task"] = "pseudobulk_confounded protected"
     return rows[rows["method"].isin(METHODS) & rows["task"].isin(TASKS)]
@@ -107,8 +112,18 @@ def quality_table(rows: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def provenance(work: Path, rows: pd.DataFrame) -> str:
+def _shown(run: dict, locusformer: str) -> bool:
+    """Whether a recorded run wrote rows the quality table shows: baselines, or the
+    LocusFormer variant it reads (other variants' rows stay in the folder, unshown)."""
+    if "variant" not in run or run.get("baselines"):
+        return True
+    names = [json.loads(v).get("name") for v in run["variant"] or []]
+    return locusformer in names
+
+
+def provenance(work: Path, rows: pd.DataFrame, locusformer: str = "default") -> str:
     runs = [json.loads(line) for line in (work / "runs.jsonl").read_text().splitlines()]
+    runs = [r for r in runs if _shown(r, locusformer)]
     dates = sorted({r["date"] for r in runs})
     commits = sorted({r["commit"] + (" (uncommitted changes)" if r["dirty"] else "") for r in runs})
     machines = sorted({r["machine"] for r in runs})
@@ -120,6 +135,11 @@ def provenance(work: Path, rows: pd.DataFrame) -> str:
         f"process), seeds {seeds}; total = 0.4 batch + 0.6 bio (scIB metrics, scib-metrics' "
         "functions; KMeans NMI/ARI the best of ten starts). Mean ± sd over seeds; bold: the "
         "best method that is not told the labels."
+        + (
+            f" LocusFormer: the runs of the variant `{locusformer}`."
+            if locusformer != "default"
+            else ""
+        )
     )
 
 
@@ -309,6 +329,9 @@ def main() -> None:
     p = commands.add_parser("quality")
     p.add_argument("--work", type=Path, required=True, help="variants.py's --work folder")
     p.add_argument("--check", action="store_true", help="compare, write nothing")
+    p.add_argument(
+        "--locusformer", default="default", help="the variant whose rows are LocusFormer's"
+    )
     p = commands.add_parser("demo")
     p.add_argument("--results", type=Path, default=ROOT / "results")
     p.add_argument("--check", action="store_true", help="compare, write nothing")
@@ -325,8 +348,8 @@ def main() -> None:
     p.add_argument("--check", action="store_true", help="compare, write nothing")
     args = parser.parse_args()
     if args.table == "quality":
-        rows = quality_rows(args.work)
-        body = provenance(args.work, rows) + "\n\n" + quality_table(rows)
+        rows = quality_rows(args.work, args.locusformer)
+        body = provenance(args.work, rows, args.locusformer) + "\n\n" + quality_table(rows)
     elif args.table == "simulated":
         body = simulated_text(args.work, simulated_rows(args.work))
     elif args.table == "scale":

@@ -27,6 +27,7 @@ Needs ``../shared/data`` (the CellBench files) and scvi-tools.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -175,9 +176,11 @@ class Bench:
         )  # fmt: skip
 
 
-def de_novo(bench: Bench, seed: int, heldouts: list[str], baselines: bool = True) -> None:
-    """LocusFormer, scVI, Harmony and ComBat (``baselines``) on all five sets; label
-    transfer per held-out."""
+def de_novo(
+    bench: Bench, seed: int, heldouts: list[str], baselines: bool = True, training=None
+) -> None:
+    """LocusFormer (``training``'s settings over the defaults), scVI, Harmony and ComBat
+    (``baselines``) on all five sets; label transfer per held-out."""
     from locusformer.baselines.methods import run_method
     from locusformer.infer.correct import correct
     from locusformer.scoring.metrics import scoring_representation
@@ -186,8 +189,9 @@ def de_novo(bench: Bench, seed: int, heldouts: list[str], baselines: bool = True
     runs: dict[str, tuple[Any, float]] = {}
     start = time.perf_counter()
     model, _ = train_corrector(
-        bench.X, bench.batches.tolist(), bench.loci, seed=seed, device="cpu", progress=False
-    )
+        bench.X, bench.batches.tolist(), bench.loci, train_config=training, seed=seed,
+        device="cpu", progress=False,
+    )  # fmt: skip
     trained = time.perf_counter() - start
     corrected, latent = correct(model, bench.X, bench.batches.tolist(), device="cpu")
     seconds = time.perf_counter() - start
@@ -237,7 +241,9 @@ def zero_shot(
     return corrected, latent
 
 
-def map_locusformer(bench: Bench, heldout: str, seed: int, adapt_epochs: int) -> None:
+def map_locusformer(
+    bench: Bench, heldout: str, seed: int, adapt_epochs: int, training=None
+) -> None:
     import torch
 
     from locusformer.infer.correct import correct
@@ -248,7 +254,9 @@ def map_locusformer(bench: Bench, heldout: str, seed: int, adapt_epochs: int) ->
     ref = ~query
     Xr, br = bench.X[ref], bench.batches[ref].tolist()
     start = time.perf_counter()
-    model, _ = train_corrector(Xr, br, bench.loci, seed=seed, device="cpu", progress=False)
+    model, _ = train_corrector(
+        Xr, br, bench.loci, train_config=training, seed=seed, device="cpu", progress=False
+    )
     train_s = time.perf_counter() - start
     before = correct(model, Xr, br, device="cpu")
     weights = {k: v.clone() for k, v in model.module.state_dict().items()}
@@ -330,6 +338,7 @@ def run(
     work: Path,
     baselines: bool = True,
     surgery_only: bool = False,
+    training: dict | None = None,
 ) -> None:
     import subprocess
 
@@ -346,11 +355,11 @@ def run(
         done = bench.done()
         last = "harmony de novo" if baselines else "locusformer_latent de novo"
         if not surgery_only and not all((h, last, seed) in done for h in heldouts):
-            de_novo(bench, seed, heldouts, baselines)
+            de_novo(bench, seed, heldouts, baselines, training)
         for heldout in heldouts:
             mapped = (heldout, f"locusformer_latent mapped adapt {adapt_epochs}", seed)
             if not surgery_only and mapped not in done:
-                map_locusformer(bench, heldout, seed, adapt_epochs)
+                map_locusformer(bench, heldout, seed, adapt_epochs, training)
             if baselines and (heldout, "scvi surgery", seed) not in done:
                 map_scvi(bench, heldout, seed)
 
@@ -402,6 +411,10 @@ def main() -> None:
         "--surgery-only", action="store_true",
         help="scVI surgery only (its rows beside mapping_diagnosis.py's LocusFormer runs)",
     )  # fmt: skip
+    parser.add_argument(
+        "--training", type=json.loads, default=None,
+        help="JSON overrides of LocusFormer's training (use a --work of their own)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.table:
         table(args.work, args.seeds, args.heldout)
@@ -409,7 +422,7 @@ def main() -> None:
     prepare([args.task], args.shared, args.work)
     run(
         args.task, args.heldout, args.seeds or [0], args.adapt_epochs, args.work,
-        baselines=not args.no_baselines, surgery_only=args.surgery_only,
+        baselines=not args.no_baselines, surgery_only=args.surgery_only, training=args.training,
     )  # fmt: skip
 
 
