@@ -19,7 +19,12 @@ from sklearn.model_selection import train_test_split
 # enough steps for the encoder to learn the groups before the batch terms ramp up, and
 # patience 20 as with 17 steps an epoch, 10 epochs can fall within one slow stretch.
 MODEL = dict(patch_size=8, d_model=32, n_heads=4, n_layers=2, latent_dim=16, decoder_hidden=128)
-TRAIN = dict(max_epochs=80, batch_size=16, adversary_rampup_epochs=20, patience=20)
+# The input's clusters off: the bar below was set on the model's own terms, and the CUDA
+# test holds the GPU to it; with them on (the default) the same data are judged in
+# test_input_levels (batch probe 0.66, 0.53, 0.57 on seeds 0-2 against 0.57, 0.58, 0.53).
+TRAIN = dict(
+    max_epochs=80, batch_size=16, adversary_rampup_epochs=20, patience=20, input_clusters=0
+)
 #: ``simulate`` arguments of the data they train on: two batches, three groups.
 DATA = dict(n_samples=300, n_loci=200, n_batches=2, n_groups=3, seed=0)
 

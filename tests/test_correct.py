@@ -94,7 +94,7 @@ def test_history_of_the_real_run(with_batch_effect) -> None:
 
 
 def test_warns_when_the_cluster_term_never_acted() -> None:
-    """Left to the latent's clusters (input clusters off, the default), the model on this data
+    """Left to the latent's clusters (input clusters off), the default model on this data
     (300 samples, a strong shift) never mixes the batches enough for a latent cluster to
     hold both: the term never acts and the batch stays whole (batch probe 1.0 on seeds
     0-5). Training says so."""

@@ -123,7 +123,7 @@ def test_joint_levels_cross_the_given_ones() -> None:
 
 def test_training_removes_the_batch_within_the_input_clusters() -> None:
     """``input_clusters`` reaches the loss: the level term is measured and the run differs
-    from one without it; 0 leaves the run as it was."""
+    from one with the clusters off (0)."""
     import torch
 
     from locusformer.simulate.datasets import simulate
@@ -141,11 +141,9 @@ def test_training_removes_the_batch_within_the_input_clusters() -> None:
         tc = {**train, **overrides}
         return train_corrector(sim.X, labels, sim.loci, small, tc, seed=0, progress=False)
 
-    _, plain = run()
-    _, zero = run(input_clusters=0)
+    _, plain = run(input_clusters=0)
     _, clustered = run(input_clusters=2)
     assert (plain["train_level_mean"] == 0).all()
-    assert plain["train_total"].equals(zero["train_total"])
     assert (clustered["train_level_mean"] > 0).any()
     assert not plain["train_total"].equals(clustered["train_total"])
 

