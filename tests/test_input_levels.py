@@ -121,25 +121,35 @@ def test_joint_levels_cross_the_given_ones() -> None:
     assert joint_levels(None, None) is None
 
 
+#: A model small enough to train in a second or two.
+SMALL = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
+
+
+def _two_groups(n_samples: int):
+    """Two batches of two well-separated groups under a strong shift, and their labels."""
+    from locusformer.simulate.datasets import simulate
+
+    sim = simulate(
+        n_samples=n_samples, n_loci=40, n_batches=2, n_groups=2, group_effect=4.0,
+        batch_shift=2.0, seed=1,
+    )  # fmt: skip
+    return sim, [f"b{b}" for b in sim.batch]
+
+
 def test_training_removes_the_batch_within_the_input_clusters() -> None:
     """``input_clusters`` reaches the loss: the level term is measured and the run differs
     from one with the clusters off (0)."""
     import torch
 
-    from locusformer.simulate.datasets import simulate
     from locusformer.train.loop import train_corrector
 
     torch.set_num_threads(1)
-    sim = simulate(
-        n_samples=160, n_loci=40, n_batches=2, n_groups=2, group_effect=4.0, batch_shift=2.0, seed=1
-    )
-    labels = [f"b{b}" for b in sim.batch]
-    small = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
+    sim, labels = _two_groups(160)
     train = dict(max_epochs=3, batch_size=32, batch_mean_clusters=2, adversary_rampup_epochs=1)
 
     def run(**overrides):
         tc = {**train, **overrides}
-        return train_corrector(sim.X, labels, sim.loci, small, tc, seed=0, progress=False)
+        return train_corrector(sim.X, labels, sim.loci, SMALL, tc, seed=0, progress=False)
 
     _, plain = run(input_clusters=0)
     _, clustered = run(input_clusters=2)
@@ -153,7 +163,6 @@ def test_input_clusters_leave_the_adversary_target_to_the_protected_levels(monke
     split by batch must not keep the adversary's target to that cluster's batches."""
     import torch
 
-    from locusformer.simulate.datasets import simulate
     from locusformer.train import loop
 
     seen = []
@@ -165,16 +174,12 @@ def test_input_clusters_leave_the_adversary_target_to_the_protected_levels(monke
 
     monkeypatch.setattr(loop, "adversary_targets", record)
     torch.set_num_threads(1)
-    sim = simulate(
-        n_samples=120, n_loci=40, n_batches=2, n_groups=2, group_effect=4.0, batch_shift=2.0, seed=1
-    )
-    labels = [f"b{b}" for b in sim.batch]
-    small = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
+    sim, labels = _two_groups(120)
     train = dict(max_epochs=2, batch_size=32, input_clusters=2, adversary_rampup_epochs=1)
     protected = np.asarray(sim.group, dtype=np.int64)
-    loop.train_corrector(sim.X, labels, sim.loci, small, train, seed=0, progress=False)
+    loop.train_corrector(sim.X, labels, sim.loci, SMALL, train, seed=0, progress=False)
     loop.train_corrector(
-        sim.X, labels, sim.loci, small, train, seed=0, progress=False, covariates=protected
+        sim.X, labels, sim.loci, SMALL, train, seed=0, progress=False, covariates=protected
     )
     assert seen[0] is None
     assert np.array_equal(seen[1], protected)
