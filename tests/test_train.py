@@ -272,16 +272,40 @@ def test_epoch_plan_keeps_small_data_and_sizes_large_data_epochs_in_steps() -> N
     assert epoch_plan(100_000, TrainConfig(max_epochs=80, min_steps=4000)).epochs == 160
 
 
-def test_epoch_rows_is_a_pass_or_a_draw_without_replacement() -> None:
-    from locusformer.train.schedule import EpochPlan, epoch_rows
+def test_an_epoch_is_a_pass_a_draw_without_replacement_or_several_passes() -> None:
+    from locusformer.train.schedule import EpochPlan, epoch_minibatches
 
     rows = torch.arange(100, 200)
-    whole = epoch_rows(rows, EpochPlan(3, 1.0), 16, torch.Generator().manual_seed(0))
-    assert sorted(whole.tolist()) == rows.tolist()
-    drawn = epoch_rows(rows, EpochPlan(3, 1.0, 2), 16, torch.Generator().manual_seed(0))
-    assert len(drawn) == 32 and len(set(drawn.tolist())) == 32
-    assert set(drawn.tolist()) <= set(rows.tolist())
-    assert torch.equal(drawn, whole[:32])  # the same shuffle, cut
+
+    def draw(plan: EpochPlan) -> list[list[int]]:
+        chunks = epoch_minibatches(rows, plan, 16, torch.Generator().manual_seed(0))
+        return [chunk.tolist() for chunk in chunks]
+
+    whole = draw(EpochPlan(3, 1.0))
+    assert [len(c) for c in whole] == [16] * 6 + [4]
+    assert sorted(row for chunk in whole for row in chunk) == rows.tolist()
+    drawn = draw(EpochPlan(3, 1.0, 2))
+    assert drawn == whole[:2]  # the same shuffle, cut: a draw without replacement
+    # 10 minibatches of a 7-minibatch pass: the pass, then 3 of a second shuffle, each
+    # shuffle cut on its own so that no minibatch holds a row twice
+    several = draw(EpochPlan(3, 1.0, 10))
+    assert several[:7] == whole and len(several) == 10
+    assert all(len(set(c)) == len(c) for c in several)
+    assert several[7:] != whole[:3]
+
+
+def test_small_data_epochs_take_min_epoch_steps() -> None:
+    from locusformer.model.config import TrainConfig
+    from locusformer.train.schedule import epoch_plan
+
+    # 45 samples at batch size 64: one minibatch a pass, 40 epochs of 40 steps in all;
+    # with an 8-minibatch floor, 40 epochs of 8 (the ramp-up and the rest not rescaled)
+    assert epoch_plan(45, TrainConfig()) == (40, 1.0, None)
+    assert epoch_plan(45, TrainConfig(min_epoch_steps=8)) == (40, 1.0, 8)
+    # a pass of 8 or more minibatches is an epoch as before
+    assert epoch_plan(512, TrainConfig(min_epoch_steps=8)) == (40, 1.0, None)
+    # the step cap still counts: 2000 steps at 50 a epoch
+    assert epoch_plan(45, TrainConfig(min_epoch_steps=100, max_steps=2000)) == (20, 0.5, 100)
 
 
 def test_large_data_runs_step_sized_epochs(data) -> None:

@@ -257,6 +257,10 @@ class TrainConfig:
     # samples got 40 steps at batch size 64 (one a epoch) and a decoder that had not
     # learned the biology yet; on small data more epochs run, the ramp-up scaled alike.
     min_steps: int = 0
+    # The fewest minibatches an epoch takes: on data of fewer than this many minibatches
+    # an epoch is that many from successive shuffles, every epoch-counted setting as it
+    # is. 0: an epoch is a pass.
+    min_epoch_steps: int = 0
     warmup_fraction: float = 0.05  # of all steps, then cosine decay to 0
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
     val_fraction: float = 0.1  # held out, stratified by batch; 0 disables validation
@@ -301,6 +305,7 @@ class TrainConfig:
             "max_epochs": lambda v: v >= 1,
             "max_steps": lambda v: v >= 1,
             "min_steps": lambda v: v >= 0,
+            "min_epoch_steps": lambda v: v >= 0,
             "warmup_fraction": lambda v: 0 <= v < 1,
             "grad_clip": lambda v: v >= 0,
             "val_fraction": lambda v: 0 <= v < 1,

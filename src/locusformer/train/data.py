@@ -10,7 +10,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,17 +134,16 @@ class StandardizedRows:
 def minibatches(
     Xs: Rows,
     codes: torch.Tensor,
-    rows: torch.Tensor,
-    batch_size: int,
+    chunks: Iterable[torch.Tensor],
     dev: torch.device,
     targets: torch.Tensor | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-    """Yield (x, batch, target) for ``rows`` in chunks, on ``dev``.
+    """Yield (x, batch, target) for each tensor of rows in ``chunks``, on ``dev``.
 
     ``targets`` (n, N), when given, is each sample's adversary target; else ``None``.
     """
     cuda = dev.type == "cuda"
-    for chunk in rows.split(batch_size):
+    for chunk in chunks:
         xb, bb = Xs.index_select(0, chunk), codes.index_select(0, chunk)
         tb = None if targets is None else targets.index_select(0, chunk)
         if cuda:

@@ -63,7 +63,8 @@ def validate(
     model.eval()
     rows = val_rows if dist is None else np.array_split(val_rows, dist.world)[dist.rank]
     sq, correct = 0.0, 0
-    for xb, bb, _ in minibatches(Xs, codes, torch.from_numpy(rows), max(batch_size, 256), dev):
+    chunks = torch.from_numpy(rows).split(max(batch_size, 256))
+    for xb, bb, _ in minibatches(Xs, codes, chunks, dev):
         with autocast(dev):
             out = model(xb, bb)
         sq += float(model.loss(xb, bb, out, LossWeights()).recon) * xb.numel()

@@ -59,8 +59,8 @@ from locusformer.train.schedule import (
     EpochPlan,
     WarmupCosine,
     configure_optimizer,
+    epoch_minibatches,
     epoch_plan,
-    epoch_rows,
     loss_weights,
     ramp_at,
     validation_rows,
@@ -523,11 +523,11 @@ def _run_epoch(
     if run.dist is not None:
         return _run_epoch_distributed(run, weights, clusters, epoch)
     model, tc, dev = run.model, run.tc, run.device
-    order = epoch_rows(run.train_rows, run.plan, tc.batch_size, run.generator)
+    chunks = epoch_minibatches(run.train_rows, run.plan, tc.batch_size, run.generator)
     # Per-step losses stay on the device (no sync per step); checked once per epoch.
     per_step, correct, seen = [], 0, 0
-    batches = minibatches(run.Xs, run.codes, order, tc.batch_size, dev, run.targets)
-    for (xb, bb, tb), rows in zip(batches, order.split(tc.batch_size), strict=True):
+    batches = minibatches(run.Xs, run.codes, chunks, dev, run.targets)
+    for (xb, bb, tb), rows in zip(batches, chunks, strict=True):
         with autocast(dev):
             out = model(
                 xb,
@@ -585,7 +585,7 @@ def _latents(run: _Run, rows: torch.Tensor) -> np.ndarray:
     latents = []
     with torch.inference_mode():
         batch_size = max(run.tc.batch_size, 256)
-        for xb, _, _ in minibatches(run.Xs, run.codes, rows, batch_size, run.device):
+        for xb, _, _ in minibatches(run.Xs, run.codes, rows.split(batch_size), run.device):
             with autocast(run.device):
                 latents.append(model.encode(xb)[0].float().cpu())
     model.train(was_training)
@@ -620,10 +620,10 @@ def _run_epoch_distributed(
     # every process's random state.
     stream = np.random.SeedSequence([run.seed, 2, epoch, dist.rank])
     torch.manual_seed(int(stream.generate_state(1)[0]))
-    order = epoch_rows(run.train_rows, run.plan, tc.batch_size, run.generator)
+    chunks = epoch_minibatches(run.train_rows, run.plan, tc.batch_size, run.generator)
     cuda = dev.type == "cuda"
     per_step, correct, seen = [], torch.zeros((), device=dev), 0
-    for chunk in order.split(tc.batch_size):
+    for chunk in chunks:
         shares = chunk.tensor_split(dist.world)
         sizes = [len(share) for share in shares]
         rows = shares[dist.rank]

@@ -78,7 +78,9 @@ def epoch_plan(n_train: int, config: TrainConfig) -> EpochPlan:
 
     Small data: ``max_epochs`` passes over the training rows, or the fewest whole passes
     that reach ``max_steps`` optimizer steps when that is less, or that reach
-    ``min_steps`` when that is more; the epoch-counted settings scale alike.
+    ``min_steps`` when that is more; the epoch-counted settings scale alike. A pass of
+    fewer than ``min_epoch_steps`` minibatches is not an epoch: an epoch is then that
+    many minibatches of successive shuffles, and the epochs are counted as before.
 
     Large data, where one pass takes more than ``max_steps / max_epochs`` steps: an epoch
     is that many minibatches of a fresh shuffle, and ``max_epochs`` of them run, so the
@@ -91,18 +93,28 @@ def epoch_plan(n_train: int, config: TrainConfig) -> EpochPlan:
     steps = math.ceil(config.max_steps / config.max_epochs)
     if steps_per_pass > steps:
         return EpochPlan(max(config.max_epochs, math.ceil(config.min_steps / steps)), 1.0, steps)
-    epochs = min(config.max_epochs, max(1, math.ceil(config.max_steps / steps_per_pass)))
-    epochs = max(epochs, math.ceil(config.min_steps / steps_per_pass))
-    return EpochPlan(epochs, epochs / config.max_epochs)
+    per_epoch = max(steps_per_pass, config.min_epoch_steps)
+    epochs = min(config.max_epochs, max(1, math.ceil(config.max_steps / per_epoch)))
+    epochs = max(epochs, math.ceil(config.min_steps / per_epoch))
+    steps_per_epoch = None if per_epoch == steps_per_pass else per_epoch
+    return EpochPlan(epochs, epochs / config.max_epochs, steps_per_epoch)
 
 
-def epoch_rows(
+def epoch_minibatches(
     train_rows: torch.Tensor, plan: EpochPlan, batch_size: int, generator: torch.Generator
-) -> torch.Tensor:
-    """The training rows of one epoch, in minibatch order: a pass over them, shuffled, or
-    the first ``plan.steps`` minibatches of a shuffle (a draw without replacement)."""
-    order = train_rows[torch.randperm(len(train_rows), generator=generator)]
-    return order if plan.steps is None else order[: plan.steps * batch_size]
+) -> list[torch.Tensor]:
+    """The minibatches of one epoch, each a tensor of training rows: a shuffled pass cut
+    into ``batch_size`` rows, or the first ``plan.steps`` minibatches of successive
+    shuffles (one shuffle on large data: a draw without replacement; several on small
+    data, each cut on its own so that no minibatch holds a row twice)."""
+    chunks: list[torch.Tensor] = []
+    while True:
+        order = train_rows[torch.randperm(len(train_rows), generator=generator)]
+        chunks.extend(order.split(batch_size))
+        if plan.steps is None:
+            return chunks
+        if len(chunks) >= plan.steps:
+            return chunks[: plan.steps]
 
 
 def validation_rows(val_idx: np.ndarray, seed: int) -> np.ndarray:
