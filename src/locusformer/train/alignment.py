@@ -105,6 +105,24 @@ def _knn(reference: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
     return NearestNeighbors(n_neighbors=k).fit(reference).kneighbors(query)[1]
 
 
+def _mutual_neighbours(
+    scores: np.ndarray, ia: np.ndarray, ib: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mutual nearest neighbours between the rows ``ia`` and ``ib`` of ``scores``:
+    ``there`` (|ia|, kk), each ``ia`` row's nearest ``ib`` rows (positions in ``ib``), and
+    ``mutual`` (|ia|, kk), whether that neighbour has the ``ia`` row among its own kk
+    nearest in ``ia`` (Haghverdi et al. 2018).
+
+    In small batches k neighbours would be most of the other side and every pair mutual:
+    kk shrinks to a fifth of the smaller side there.
+    """
+    kk = max(1, min(k, math.ceil(MNN_SMALL_SHARE * min(len(ia), len(ib)))))
+    there = _knn(scores[ib], scores[ia], kk)
+    back = _knn(scores[ia], scores[ib], kk)  # (|ib|, kk) positions in ia
+    mutual = (back[there] == np.arange(len(ia))[:, None, None]).any(axis=2)
+    return there, mutual
+
+
 def shared_batches(
     X: np.ndarray,
     codes: np.ndarray,
@@ -147,16 +165,7 @@ def shared_batches(
             if b <= a:
                 continue
             ia, ib = searched[a], searched[b]
-            # In small batches k neighbours would be most of the other batch, and every
-            # pair mutual: k shrinks to a fifth of the smaller batch there.
-            kk = max(1, min(k, math.ceil(MNN_SMALL_SHARE * min(len(ia), len(ib)))))
-            a_in_b = _knn(scores[ib], scores[ia], kk)  # (|a|, kk) positions in ib
-            b_in_a = _knn(scores[ia], scores[ib], kk)  # (|b|, kk) positions in ia
-            # i (position p in ia) and j (position q in ib) are mutual when q is among
-            # p's neighbours in b and p among q's neighbours in a.
-            back = np.repeat(np.arange(len(ib)), b_in_a.shape[1]) * len(ia) + b_in_a.ravel()
-            there = a_in_b * len(ia) + np.arange(len(ia))[:, None]  # (|a|, k) edge keys
-            mutual = np.isin(there, back)  # (|a|, k)
+            a_in_b, mutual = _mutual_neighbours(scores, ia, ib, k)
             has_a = mutual.any(axis=1)  # a's samples with a partner in b
             partners = np.unique(a_in_b[mutual])  # b's samples with a partner in a
             out[ia[has_a], b] = True
@@ -353,11 +362,7 @@ def mnn_recentred(x: np.ndarray, codes: np.ndarray, seed: int, *, k: int = MNN_K
     out = x.copy()
     for b in np.unique(codes):
         mine, rest = np.flatnonzero(codes == b), np.flatnonzero(codes != b)
-        kk = max(1, min(k, math.ceil(MNN_SMALL_SHARE * min(len(mine), len(rest)))))
-        there = _knn(scores[rest], scores[mine], kk)  # (|mine|, kk) positions in rest
-        back = _knn(scores[mine], scores[rest], kk)  # (|rest|, kk) positions in mine
-        # (p, j) is mutual when mine[p] is among the neighbours of rest[there[p, j]]
-        mutual = (back[there] == np.arange(len(mine))[:, None, None]).any(axis=2)
+        there, mutual = _mutual_neighbours(scores, mine, rest, k)
         p, j = np.nonzero(mutual)
         if len(p) == 0:
             continue
