@@ -285,7 +285,10 @@ def demo_table(results: Path) -> str:
     header = "| " + " | ".join(summary.columns) + " |"
     lines = [header, "|" + " --- |" * len(summary.columns)]
     for row in summary.itertuples(index=False):
-        cells = [f"{v:.3f}" if isinstance(v, float) and v <= 1 else str(v) for v in row]
+        # scores to 3 decimals; seconds and MB to 2 (train + correct is a float sum)
+        cells = [
+            (f"{v:.3f}" if v <= 1 else f"{v:.2f}") if isinstance(v, float) else str(v) for v in row
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
