@@ -261,9 +261,10 @@ class TrainConfig:
     # samples got 40 steps at batch size 64 (one a epoch) and a decoder that had not
     # learned the biology yet; on small data more epochs run, the ramp-up scaled alike.
     min_steps: int = 0
-    # The fewest minibatches an epoch takes: on data of fewer than this many minibatches
-    # an epoch is that many from successive shuffles, every epoch-counted setting as it
-    # is. 0: an epoch is a pass.
+    # A pass shorter than this many minibatches is not an epoch: the epoch is that many
+    # from successive shuffles, every epoch-counted setting as it is (small studies took
+    # one step an epoch). Off: it lowered CellBench's pseudo-bulk (docs/notes/2026-12-05.md).
+    # 0: an epoch is a pass.
     min_epoch_steps: int = 0
     warmup_fraction: float = 0.05  # of all steps, then cosine decay to 0
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
