@@ -19,7 +19,7 @@ from locusformer.baselines.methods import failed_result, run_method
 from locusformer.cli.main import main
 from locusformer.errors import InputError
 from locusformer.io.results import make_result, write_result
-from locusformer.scoring import metrics, neighbors
+from locusformer.scoring import metrics, neighbors, tables
 from locusformer.scoring.metrics import score_method, scoring_representation
 from locusformer.scoring.neighbors import (
     compute_neighbors,
@@ -165,9 +165,10 @@ def test_kbet_is_a_function_of_the_data_and_the_seed(data, monkeypatch) -> None:
     assert values(df)["KBET"] == pytest.approx(scores[0], abs=1e-12)
 
 
-_FUZZY_SET = """
-import json, sys
+_UMAP_STEPS = """
+import importlib, json, sys
 import numpy as np, scipy.sparse as sp
+import umap.layouts as layouts
 import umap.umap_ as umap_
 from locusformer.scoring.neighbors import UMAP_UNCACHED_JIT, cache_umap_compilation
 
@@ -180,33 +181,42 @@ idx = np.column_stack([np.arange(n), rng.integers(0, n, (n, k - 1))]).astype(np.
 graph = umap_.fuzzy_simplicial_set(
     sp.coo_matrix(([], ([], [])), shape=(n, 1)), n_neighbors=k, random_state=None,
     metric=None, knn_indices=idx, knn_dists=dists,
-)[0]
-stats = [getattr(umap_, name).stats for name in UMAP_UNCACHED_JIT]
+)[0].tocoo()
+embedding = rng.random((n, 2)).astype(np.float32)
+layouts.optimize_layout_euclidean(
+    embedding, embedding, graph.row, graph.col, 20, n,
+    umap_.make_epochs_per_sample(graph.data, 20), 1.6, 0.9,
+    np.array([1, 2, 3], dtype=np.int64), move_other=True,
+)
+stats = [getattr(importlib.import_module(m), name).stats for m, name in UMAP_UNCACHED_JIT]
 json.dump({
     "hits": sum(sum(s.cache_hits.values()) for s in stats),
     "misses": sum(sum(s.cache_misses.values()) for s in stats),
     "graph": graph.toarray().tolist(),
+    "layout": embedding.tolist(),
 }, sys.stdout)
 """
 
 
 def test_umap_compilation_is_loaded_from_numba_cache_in_the_next_process() -> None:
-    """The report's and kBET's fuzzy simplicial set compiles once, not in every process.
+    """The report's and kBET's UMAP functions compile once, not in every process.
 
-    The first run compiles both functions and writes them to numba's cache, unless an
-    earlier run on this install did; the second reads both back and compiles nothing.
+    The first run compiles the three functions and writes them to numba's cache, unless
+    an earlier run on this install did; the second reads them back and compiles nothing.
     """
     runs = []
     for _ in range(2):
         out = subprocess.run(
-            [sys.executable, "-c", _FUZZY_SET], capture_output=True, text=True, check=False
+            [sys.executable, "-c", _UMAP_STEPS], capture_output=True, text=True, check=False
         )
         assert out.returncode == 0, out.stderr
         runs.append(json.loads(out.stdout))
     first, second = runs
-    assert first["hits"] + first["misses"] == 2
-    assert second["hits"] == 2 and second["misses"] == 0
-    assert second["graph"] == first["graph"]  # the same machine code, the same graph
+    assert first["hits"] + first["misses"] == 3
+    assert second["hits"] == 3 and second["misses"] == 0
+    # the same machine code: the same graph and the same layout
+    assert second["graph"] == first["graph"]
+    assert second["layout"] == first["layout"]
 
 
 def _one_line_split_in_two(seed: int = 2) -> tuple[np.ndarray, np.ndarray]:
@@ -430,7 +440,7 @@ def test_files_aggregate_and_summary(tmp_path: Path, data) -> None:
         df = steps_metrics.run_metrics(
             path, paths["uncorrected"], "batch", "cell_type", out, method
         )
-        back = metrics.read_metrics(out)
+        back = tables.read_metrics(out)
         pd.testing.assert_frame_equal(back, df, check_dtype=False)
         tsvs.append(out)
     agg = aggregate_metrics(tsvs, tmp_path / "metrics.tsv")
@@ -446,7 +456,7 @@ def test_files_aggregate_and_summary(tmp_path: Path, data) -> None:
         ("ds", "normalize"): write_bench(tmp_path / "norm.bench", 1.0, 100.0),
     }
     summary = summarize({"ds": tmp_path / "metrics.tsv"}, bench, tmp_path / "summary.tsv")
-    assert list(summary.columns) == metrics.SUMMARY_COLUMNS
+    assert list(summary.columns) == tables.SUMMARY_COLUMNS
     on_disk = pd.read_csv(tmp_path / "summary.tsv", sep="\t")
     assert len(on_disk) == 4 and set(on_disk["method"]) == set(paths)
     row = on_disk.set_index("method")
@@ -458,7 +468,7 @@ def test_files_aggregate_and_summary(tmp_path: Path, data) -> None:
     assert on_disk["method"].iloc[-1] == "harmony"  # failed last, the rest ranked by total
     totals = on_disk["total"].iloc[:-1].to_numpy()
     assert (np.diff(totals) <= 0).all()
-    com = metrics.read_metrics(tmp_path / "metrics.tsv")
+    com = tables.read_metrics(tmp_path / "metrics.tsv")
     com = com[(com["method"] == "combat") & (com["metric"] == "Total")]["value"].item()
     assert row.loc["combat", "total"] == pytest.approx(com)
 
@@ -496,7 +506,7 @@ def test_a_dataset_scored_in_one_process_scores_each_method_as_alone(tmp_path, d
             path, paths["uncorrected"], "batch", "cell_type", alone, m, seed=0
         )
         assert together[m].read_text() == alone.read_text(), m
-    assert metrics.read_metrics(together["combat"])["value"].notna().all()
+    assert tables.read_metrics(together["combat"])["value"].notna().all()
 
 
 def test_the_uncorrected_pca_is_computed_once_for_results_in_its_order(data) -> None:

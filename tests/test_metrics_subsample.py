@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
@@ -17,7 +18,8 @@ from locusformer.errors import InputError
 from locusformer.io.results import write_result
 from locusformer.report.render import render_dataset_report
 from locusformer.report.sections import metrics_section, subsample_sentence
-from locusformer.scoring import metrics
+from locusformer.scoring import metrics, tables
+from locusformer.scoring.representations import stored_representation
 from locusformer.scoring.subsample import (
     DEFAULT_MAX_SAMPLES,
     SUBSAMPLE_METRICS,
@@ -127,7 +129,7 @@ def test_every_method_is_scored_on_the_same_rows(files) -> None:
     cut_unc = unc[rows].copy()
     cut_unc.uns["method"] = "uncorrected"
     for m, path in outs.items():
-        table = metrics.read_metrics(path)
+        table = tables.read_metrics(path)
         tail = table[table["type"] == "subsample"]
         assert list(tail["metric"]) == list(SUBSAMPLE_METRICS)
         assert list(tail["value"]) == [60.0, 180.0, 3.0]
@@ -139,6 +141,44 @@ def test_every_method_is_scored_on_the_same_rows(files) -> None:
         scored = table[table["type"] != "subsample"].reset_index(drop=True)
         pd.testing.assert_frame_equal(scored, alone, check_dtype=False)
         assert scored["value"].notna().all(), m
+
+
+def test_the_representations_scored_are_written_for_the_report(files) -> None:
+    paths, results = files["paths"], files["results"]
+    outs = {m: files["dir"] / "reps" / f"{m}.tsv" for m in paths}
+    reps = files["dir"] / "reps" / "representations.h5ad"
+    steps_metrics.run_dataset_metrics(
+        paths,
+        paths["uncorrected"],
+        "batch",
+        "cell_type",
+        outs,
+        seed=3,
+        max_samples=60,
+        out_representations=reps,
+    )
+    stored = ad.read_h5ad(reps)
+    rows = scoring_subsample(results["uncorrected"].obs, "batch", "cell_type", 60, seed=3)
+    assert list(stored.obs_names) == list(rows) and stored.uns["seed"] == 3
+    assert set(stored.obsm) == {"X_uncorrected", "X_combat", "X_reversed"}
+    for m in ("uncorrected", "combat"):
+        cut = results[m][rows]  # the uncorrected result's order, as scored
+        expected = metrics.scoring_representation(cut, seed=3)
+        np.testing.assert_array_equal(stored.obsm[f"X_{m}"], expected)
+    # a method scored in another row order is put back in the file's: its PCA (of the
+    # same rows in reverse) is the combat one up to the solver's rounding
+    np.testing.assert_allclose(
+        np.abs(stored.obsm["X_reversed"]), np.abs(stored.obsm["X_combat"]), atol=1e-4
+    )
+    # what the report takes: a method's rows in the order asked, nothing for the unknown
+    some = pd.Index(rows[::-7])
+    where = stored.obs_names.get_indexer(some)
+    np.testing.assert_array_equal(
+        stored_representation(reps, "combat", some), stored.obsm["X_combat"][where]
+    )
+    assert stored_representation(reps, "harmony", some) is None
+    assert stored_representation(reps, "combat", pd.Index(["not-scored"])) is None
+    assert stored_representation(None, "combat", some) is None
 
 
 def test_up_to_max_samples_the_tables_are_unchanged(files) -> None:
@@ -184,7 +224,7 @@ def test_kmeans_starts_reach_the_scores_through_the_cli(files, capsys) -> None:
     argv += ["--label-key", "cell_type", "--result", f"combat={paths['combat']}"]
     out = files["dir"] / "starts" / "combat.tsv"
     assert main([*argv, "--out", f"combat={out}", "--kmeans-starts", "10"]) == 0
-    table = metrics.read_metrics(out).set_index("metric")["value"]
+    table = tables.read_metrics(out).set_index("metric")["value"]
     x = metrics.scoring_representation(combat, 0)
     want = metrics.kmeans_nmi_ari(x, combat.obs["cell_type"].astype(str).to_numpy(), 10)
     assert table["KMeans NMI"] == pytest.approx(want["nmi"], abs=1e-6)

@@ -163,3 +163,34 @@ def test_the_library_and_its_cli_import_neither_snakemake_nor_scvi(statement, ar
     modules = set(found.stdout.split("\n")[-2].split())
     assert "locusformer" in modules
     assert not modules & set(HEAVY_OPTIONAL), modules & set(HEAVY_OPTIONAL)
+
+
+@pytest.mark.parametrize(
+    ("statement", "absent"),
+    [
+        (
+            "from locusformer.cli.parser import build_parser\nbuild_parser()",
+            {"numpy", "pandas", "scipy", "torch", "anndata"},
+        ),
+        (
+            "import locusformer.steps.aggregate, locusformer.steps.summarize",
+            {"scipy", "torch", "anndata", "sklearn", "scib_metrics"},
+        ),
+    ],
+    ids=["parser", "table-steps"],
+)
+def test_light_steps_import_no_heavy_library(statement, absent):
+    # Every workflow job builds the whole parser (one flag per simulation setting among
+    # them) before it runs, and the steps that only read and write tables (aggregate,
+    # summarize) sit on the demo's critical path: a heavy import there is paid by each.
+    found = subprocess.run(
+        [sys.executable, "-c", _IMPORTED.format(statement=statement)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+    )
+    modules = set(found.stdout.split("\n")[-2].split())
+    assert "locusformer" in modules
+    assert not modules & absent, modules & absent

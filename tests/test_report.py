@@ -14,7 +14,7 @@ import pytest
 
 from locusformer.errors import InputError
 from locusformer.report import render as report
-from locusformer.scoring import metrics
+from locusformer.scoring import metrics, tables
 from locusformer.steps import metrics as steps_metrics
 from locusformer.steps.aggregate import aggregate_metrics
 from locusformer.steps.baseline import run_baseline
@@ -261,13 +261,13 @@ def test_metric_table_ranks_methods_and_marks_the_best(dataset) -> None:
     html = dataset["html"]
     table = html[html.index('<table id="metric-table">') :]
     table = table[: table.index("</table>")]
-    long = metrics.read_metrics(dataset["dir"] / "metrics.tsv")
+    long = tables.read_metrics(dataset["dir"] / "metrics.tsv")
     totals = long[long["metric"] == "Total"].set_index("method")["value"]
     ranked = totals.drop("combat").sort_values(ascending=False).index.tolist()
     positions = [table.index(f'<td class="name">{m}</td>') for m in [*ranked, "combat"]]
     assert positions == sorted(positions)  # ranked by total, the failed method last
     assert 'class="failed"' in table and "failed: RuntimeError" in table
-    wide = metrics.wide_metrics(long).drop("combat")
+    wide = tables.wide_metrics(long).drop("combat")
     n_best = sum(int((wide[c] >= wide[c].max() - 1e-12).sum()) for c in wide.columns)
     assert table.count('class="best"') == n_best
     best_total = f"{totals.drop('combat').max():.3f}"
@@ -404,7 +404,7 @@ def test_a_method_that_used_labels_says_so_in_the_table(tmp_path: Path) -> None:
         for m, v in (("uncorrected", 0.4), ("combat_mod", 0.6))
         for name, kind in metrics.metric_names(True)
     ]
-    pd.DataFrame(rows, columns=metrics.COLUMNS).to_csv(
+    pd.DataFrame(rows, columns=tables.COLUMNS).to_csv(
         tmp_path / "metrics.tsv", sep="\t", index=False
     )
     html = report.render_dataset_report(
@@ -459,8 +459,8 @@ def test_above_the_cap_every_method_is_embedded_on_the_same_capped_subsample(
     embedded: dict[str, tuple[pd.Index, tuple[int, ...]]] = {}
     coords_of = sections._embedding_coords
 
-    def spy(result, seed: int, mode: str):
-        coords, axis = coords_of(result, seed, mode)
+    def spy(result, seed: int, mode: str, stored=None):
+        coords, axis = coords_of(result, seed, mode, stored)
         embedded[str(result.uns["method"])] = (result.obs_names, coords.shape)
         return coords, axis
 
@@ -494,3 +494,43 @@ def test_above_the_cap_every_method_is_embedded_on_the_same_capped_subsample(
         "Drawn from the stratified subsample the scores were computed on: 40 of its 60"
         " samples, of 121 in all (by batch and label, seed 7)."
     )
+
+
+def test_the_embeddings_are_drawn_from_the_representations_scored(
+    dataset, tmp_path, monkeypatch
+) -> None:
+    from locusformer.report import sections
+
+    integrated = dataset["integrated"]
+    outs = {m: tmp_path / f"{m}.tsv" for m in integrated}
+    reps = tmp_path / "representations.h5ad"
+    steps_metrics.run_dataset_metrics(
+        integrated,
+        integrated["uncorrected"],
+        "batch",
+        "cell_type",
+        outs,
+        seed=7,
+        out_representations=reps,
+    )
+    coords_of = sections._embedding_coords
+    drawn: list[dict[str, np.ndarray]] = []
+
+    def spy(result, seed: int, mode: str, stored=None):
+        coords, axis = coords_of(result, seed, mode, stored)
+        drawn[-1][str(result.uns["method"])] = coords
+        return coords, axis
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a representation was computed again")
+
+    monkeypatch.setattr(sections, "_embedding_coords", spy)
+    drawn.append({})
+    sections.embedding_section(integrated, "batch", "cell_type", 7, "auto")
+    monkeypatch.setattr(metrics, "scoring_representation", refuse)
+    drawn.append({})
+    sections.embedding_section(integrated, "batch", "cell_type", 7, "auto", representations=reps)
+    computed, stored = drawn
+    assert set(stored) == set(computed) == {"uncorrected", "harmony"}  # combat failed
+    for method, coords in computed.items():  # the same representation: the same plot
+        np.testing.assert_array_equal(stored[method], coords)

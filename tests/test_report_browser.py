@@ -36,7 +36,7 @@ from browser import (
 from locusformer.baselines.methods import failed_result
 from locusformer.io.results import make_result, write_result
 from locusformer.report import render as report
-from locusformer.scoring import metrics
+from locusformer.scoring import metrics, tables
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=SKIP_REASON)
 
@@ -101,7 +101,7 @@ def small_report(d: Path) -> Path:
             rows.append([method, metric, kind, value, "ok", ""])
     table = pd.concat(
         [
-            pd.DataFrame(rows, columns=metrics.COLUMNS),
+            pd.DataFrame(rows, columns=tables.COLUMNS),
             metrics.failed_rows("combat", "ComBat <needs> 2 samples", True),
         ]
     )

@@ -17,7 +17,7 @@ import pytest
 from locusformer.report import figures, sections
 from locusformer.report import render as report
 from locusformer.report.attention import attention_section, top_patches
-from locusformer.scoring import metrics
+from locusformer.scoring import metrics, tables
 
 
 def scores(**rows: tuple[float, float, float] | None) -> pd.DataFrame:
@@ -44,7 +44,7 @@ def write_metrics(path: Path, **rows: tuple[float, float, float]) -> Path:
         for i, (name, kind) in enumerate(metrics.metric_names(True)):
             value = aggregates.get(name, 0.5 + 0.01 * i)
             out.append([method, name, kind, value, "ok", ""])
-    pd.DataFrame(out, columns=metrics.COLUMNS).to_csv(path, sep="\t", index=False)
+    pd.DataFrame(out, columns=tables.COLUMNS).to_csv(path, sep="\t", index=False)
     return path
 
 

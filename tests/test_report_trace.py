@@ -122,7 +122,7 @@ def test_the_report_shows_each_layers_steps_per_head(traced, tmp_path: Path) -> 
 
 def _report_cli(tmp_path: Path, *extra: str) -> str:
     """``locusformer report`` with an empty metrics table and ``extra``; its HTML."""
-    from locusformer.scoring.metrics import COLUMNS
+    from locusformer.scoring.tables import COLUMNS
 
     (tmp_path / "metrics.tsv").write_text("\t".join(COLUMNS) + "\n")
     out = tmp_path / "cli.html"

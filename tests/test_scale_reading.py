@@ -18,7 +18,7 @@ from locusformer.errors import InputError
 from locusformer.io.results import EMBEDDING_KEY, make_result, write_result
 from locusformer.report import sections as report_sections
 from locusformer.report.render import render_dataset_report
-from locusformer.scoring import metrics, result_rows
+from locusformer.scoring import metrics, result_rows, tables
 from locusformer.scoring.subsample import scoring_subsample
 from locusformer.steps import metrics as steps_metrics
 
@@ -90,7 +90,7 @@ def test_the_scores_are_those_of_the_results_read_whole_then_cut(files, scored) 
             result, whole["uncorrected"], "batch", "cell_type", SEED, reference, keep
         )
         out = files["dir"] / "whole" / f"{m}.tsv"
-        metrics.write_metrics(df, out)
+        tables.write_metrics(df, out)
         assert scored[m] == out.read_text(), m  # byte-identical
         assert "Samples scored\tsubsample\t30.0" in scored[m]
         assert df.loc[df["type"] != "subsample", "value"].notna().any(), m
@@ -199,7 +199,7 @@ def test_the_report_command_passes_max_samples(files, tmp_path: Path, capsys) ->
     argv = ["report", "--dataset", "d", "--metrics", str(tmp_path / "none.tsv")]
     argv += ["--result", f"uncorrected={paths['uncorrected']}", "--batch-key", "batch"]
     argv += ["--label-key", "cell_type", "--seed", str(SEED), "--out", str(tmp_path / "r.html")]
-    pd.DataFrame(columns=metrics.COLUMNS).to_csv(tmp_path / "none.tsv", sep="\t", index=False)
+    pd.DataFrame(columns=tables.COLUMNS).to_csv(tmp_path / "none.tsv", sep="\t", index=False)
     assert main([*argv, "--max-samples", str(LIMIT)]) == 0
     assert "30 of 180 samples (by batch and label, seed 3)" in (tmp_path / "r.html").read_text()
     assert main([*argv, "--max-samples", "1"]) == 2

@@ -40,7 +40,8 @@ from locusformer.infer.correct import correct
 from locusformer.io.parquet import read_matrix_parquet
 from locusformer.io.results import make_result
 from locusformer.pp.loci import shuffle_loci
-from locusformer.scoring.metrics import SUMMARY_COLUMNS, score_method
+from locusformer.scoring.metrics import score_method
+from locusformer.scoring.tables import SUMMARY_COLUMNS
 from locusformer.train.loop import split_params, train_corrector
 
 ROOT = Path(__file__).resolve().parents[2]

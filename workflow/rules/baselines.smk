@@ -14,7 +14,7 @@ rule baseline:
     priority: BASELINE_PRIORITY
     conda:
         "../envs/baselines.yaml"
-    threads: 2
+    threads: get_baseline_threads
     params:
         batch_key=get_batch_key,
         label=get_label_arg,

@@ -299,6 +299,12 @@ def methods():
     return [*BASELINES, *LOCUSFORMER_METHODS]
 
 
+def get_baseline_threads(wildcards):
+    """One thread for ``uncorrected``, which copies its input: on a few cores (the demo's
+    2) it then runs beside another one-thread job instead of holding both cores."""
+    return 1 if wildcards.method == "uncorrected" else 2
+
+
 def get_label_arg(wildcards):
     return optional(dataset(wildcards).get("label_key"), "--label-key")
 
@@ -337,7 +343,7 @@ def get_metrics_results(wildcards, input):
 def get_metrics_outputs(wildcards, output):
     return " ".join(
         f"--out {shlex.quote(f'{m}={path}')}"
-        for m, path in zip(methods(), output, strict=True)
+        for m, path in zip(methods(), output.tables, strict=True)
     )
 
 
@@ -385,6 +391,7 @@ def get_report_inputs(wildcards):
     name = wildcards.dataset
     inputs = {
         "metrics": f"results/{name}/metrics.tsv",
+        "representations": f"results/{name}/metrics/representations.h5ad",
         "stats": f"results/{name}/stats/normalize.json",
         "confounding": f"results/{name}/confounding.json",
         "loci": f"results/{name}/loci.parquet",

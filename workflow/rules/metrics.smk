@@ -1,5 +1,7 @@
 # The design check, on the normalized matrix before any correction: how strongly the
 # batch predicts the biology, which the report and the index read the scores against.
+# One thread: it is ready with order_loci and runs beside it on 2 cores, off the chain
+# the report waits for (its second BLAS thread saved 1 s of 7 at 10,000 samples).
 rule confounding:
     input:
         matrix="results/{dataset}/normalized.parquet",
@@ -17,7 +19,7 @@ rule confounding:
         "logs/benchmarks/{dataset}/confounding.tsv"
     conda:
         "../envs/preprocess.yaml"
-    threads: 2
+    threads: 1
     params:
         batch_key=get_batch_key,
         label=get_label_arg,
@@ -40,11 +42,14 @@ rule confounding:
 # metrics.max_samples samples every method is scored on one stratified subsample
 # (locusformer.scoring.subsample), which each table records.
 # KMeans NMI and ARI come from the best of metrics.kmeans_starts starts (1: scib-metrics').
+# The representations scored (each method's PCA or embedding) go to representations.h5ad,
+# from which the report draws its embeddings instead of computing every PCA again.
 rule metrics:
     input:
         unpack(get_metrics_inputs),
     output:
-        expand("results/{{dataset}}/metrics/{method}.tsv", method=methods()),
+        tables=expand("results/{{dataset}}/metrics/{method}.tsv", method=methods()),
+        representations="results/{dataset}/metrics/representations.h5ad",
     log:
         "logs/{dataset}/metrics.log",
     benchmark:
@@ -66,7 +71,8 @@ rule metrics:
         " python -m locusformer metrics --uncorrected {input.uncorrected:q}"
         " {params.results} {params.outputs} --batch-key {params.batch_key}"
         " {params.label} --seed {params.seed} --max-samples {params.max_samples}"
-        " --kmeans-starts {params.kmeans_starts} 2> {log:q}"
+        " --kmeans-starts {params.kmeans_starts}"
+        " --out-representations {output.representations:q} 2> {log:q}"
 
 
 rule aggregate_metrics:

@@ -38,6 +38,7 @@ rule report:
     shell:
         "PYTHONPATH=${{PYTHONPATH-$LOCUSFORMER_SRC}}"
         " python -m locusformer report --dataset {wildcards.dataset} --metrics {input.metrics:q}"
+        " --representations {input.representations:q}"
         " --stats {input.stats:q} --loci {input.loci:q} {params.model}"
         " --confounding {input.confounding:q}"
         " {params.results} {params.benchmarks}"

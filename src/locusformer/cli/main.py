@@ -258,6 +258,7 @@ def _metrics(args: argparse.Namespace) -> None:
         seed=args.seed,
         max_samples=max_samples,
         kmeans_starts=kmeans_starts,
+        out_representations=args.out_representations,
     )
 
 
@@ -302,6 +303,7 @@ def _report(args: argparse.Namespace) -> None:
         dataset=args.dataset,
         metrics=args.metrics,
         integrated=dict(_pairs(args.result, "--result")),
+        representations=args.representations,
         benchmarks=benchmarks,
         max_samples=args.max_samples,
         stats_json=args.stats,
@@ -336,7 +338,7 @@ def _index(args: argparse.Namespace) -> None:
 
 @_command("simulate")
 def _simulate(args: argparse.Namespace) -> None:
-    from locusformer.simulate.datasets import CountSimulationParams
+    from locusformer.simulate.params import CountSimulationParams
     from locusformer.steps.simulate import run_simulate
 
     fields = {f.name for f in dataclasses.fields(CountSimulationParams)}

@@ -31,7 +31,7 @@ def _json_arg(text: str) -> dict:
 
 
 def _add_simulate_parser(commands: argparse._SubParsersAction) -> None:
-    from locusformer.simulate.datasets import CountSimulationParams
+    from locusformer.simulate.params import CountSimulationParams
 
     defaults = CountSimulationParams()
     p = commands.add_parser(
@@ -288,6 +288,11 @@ def _add_scoring(commands: argparse._SubParsersAction) -> None:
         "(default 10; 1: scib-metrics' own single start)",
     )
     p.add_argument("--out", action="append", required=True, help="METHOD=metrics.tsv")
+    p.add_argument(
+        "--out-representations",
+        default=None,
+        help="also write each method's scored representation here (.h5ad), for the report",
+    )
 
     p = commands.add_parser("aggregate-metrics", help="one dataset's metrics.tsv")
     p.add_argument("tables", nargs="+")
@@ -316,6 +321,11 @@ def _add_reporting(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--loci", default=None, help="loci.parquet")
     p.add_argument("--history", default=None, help="training history TSV")
     p.add_argument("--result", action="append", help="METHOD=integrated.h5ad")
+    p.add_argument(
+        "--representations",
+        default=None,
+        help="representations.h5ad of metrics: the embeddings drawn from what was scored",
+    )
     p.add_argument("--attention", default=None, help="attention map .npz")
     p.add_argument("--benchmark", action="append", help="RULE=benchmark.tsv")
     p.add_argument("--confounding", default=None, help="confounding.json (design check)")

@@ -124,6 +124,7 @@ def render_dataset_report(
     loci_parquet: PathLike | None = None,
     history_tsv: PathLike | None = None,
     integrated: Mapping[str, PathLike] | None = None,
+    representations: PathLike | None = None,
     attention_npz: PathLike | None = None,
     benchmark_files: Mapping[str, Paths] | None = None,
     confounding_json: PathLike | None = None,
@@ -158,7 +159,10 @@ def render_dataset_report(
     :data:`~locusformer.report.sections.EMBEDDING_MAX_SAMPLES` samples (10,000), a
     stratified subsample seeded by ``seed``, drawn above ``max_samples`` samples
     (``metrics.max_samples``, default 50,000) from the subsample the metrics job scored;
-    the section says how many. The verdict says that its scores
+    the section says how many. ``representations``, the ``metrics`` job's
+    ``representations.h5ad``, gives each method's representation as scored, from which
+    its embedding is drawn; without it (or for a method or sample it lacks) the
+    representation is computed again, the same way. The verdict says that its scores
     are one seed's, ``seed``; ``seed_metrics``, the metrics tables of the same dataset run
     with other seeds, add how far the leading methods' Totals moved between seeds (the
     table itself stays this run's).
@@ -169,7 +173,15 @@ def render_dataset_report(
         raise ValueError(f"embedding must be 'auto', 'umap' or 'pca', not {embedding!r}")
     plot_seed = 0 if seed is None else int(seed)
     emb_section, obs = (
-        embedding_section(integrated, batch_key, label_key, plot_seed, embedding, max_samples)
+        embedding_section(
+            integrated,
+            batch_key,
+            label_key,
+            plot_seed,
+            embedding,
+            max_samples,
+            representations=representations,
+        )
         if integrated
         else ({"available": False, "plots": [], "subsample": ""}, None)
     )

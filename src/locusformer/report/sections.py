@@ -185,10 +185,17 @@ def history_section(history_tsv: PathLike | None) -> dict:
     return section
 
 
-def _embedding_coords(result, seed: int, mode: str) -> tuple[np.ndarray, str]:
+def _embedding_coords(
+    result, seed: int, mode: str, stored: np.ndarray | None = None
+) -> tuple[np.ndarray, str]:
+    """2-D coordinates of ``result``'s scored representation (``stored``, the metrics job's,
+    when given; else computed as the metrics job computes it) and their axis name."""
     from locusformer.scoring.metrics import scoring_representation
 
-    rep = scoring_representation(result, seed)
+    rep = scoring_representation(result, seed) if stored is None else stored
+    # One memory layout either way (sklearn's PCA returns Fortran order, the file C order):
+    # the 2-D PCA and the neighbour search below then give the same plot to the last bit.
+    rep = np.ascontiguousarray(rep)
     n = rep.shape[0]
     use_umap = mode == "umap" or (mode == "auto" and n >= UMAP_MIN_SAMPLES)
     if use_umap and n > 3:
@@ -264,6 +271,7 @@ def embedding_section(
     seed: int,
     mode: str,
     max_samples: int | None = None,
+    representations: PathLike | None = None,
 ) -> tuple[dict, Any]:
     """One embedding plot per method of ``integrated`` (method -> result h5ad), and an obs.
 
@@ -273,10 +281,13 @@ def embedding_section(
     (default :data:`~locusformer.scoring.subsample.DEFAULT_MAX_SAMPLES`) each plot shows the
     scored subsample, and above :data:`EMBEDDING_MAX_SAMPLES` that many of it or of all
     (:func:`embedding_subsample`); then only those rows are read, and each method's PCA
-    and UMAP are of those rows. The plots are small and carry no legend, for the report
-    to set several per row; the section's ``legend`` gives their colours once
-    (:func:`_draw_embeddings`).
+    and UMAP are of those rows. ``representations`` (the ``metrics`` job's file) gives the
+    representation of a method as scored, so that its PCA is not computed again
+    (:func:`~locusformer.scoring.representations.stored_representation`). The plots are
+    small and carry no legend, for the report to set several per row; the section's
+    ``legend`` gives their colours once (:func:`_draw_embeddings`).
     """
+    from locusformer.scoring.representations import stored_representation
     from locusformer.scoring.result_rows import open_result, read_result, take
     from locusformer.scoring.subsample import DEFAULT_MAX_SAMPLES
 
@@ -303,7 +314,8 @@ def embedding_section(
             continue
         try:
             shown = result if keep is None else take(result, keep, method)
-            coords, axis = _embedding_coords(shown, seed, mode)
+            stored = stored_representation(representations, method, shown.obs_names)
+            coords, axis = _embedding_coords(shown, seed, mode, stored)
         except Exception as exc:
             plots.append(
                 {"method": method, "failed": True, "error": f"cannot plot: {one_line(exc)}"}
@@ -448,9 +460,9 @@ def seed_spread(metrics_tsvs: Sequence[PathLike], methods: Sequence[str]) -> dic
     """Each of ``methods``' Totals over several runs' metrics tables (one per seed).
 
     A method failed or missing in a run has no Total from it; the tables are read as the
-    report reads its own (:func:`~locusformer.scoring.metrics.read_metrics`).
+    report reads its own (:func:`~locusformer.scoring.tables.read_metrics`).
     """
-    from locusformer.scoring.metrics import method_scores, read_metrics
+    from locusformer.scoring.tables import method_scores, read_metrics
 
     spread: dict[str, list[float]] = {str(m): [] for m in methods}
     for path in metrics_tsvs:
@@ -467,7 +479,7 @@ def seed_spread(metrics_tsvs: Sequence[PathLike], methods: Sequence[str]) -> dic
 def bio_losses(scores: pd.DataFrame, names: Mapping[str, str] | None = None) -> list[dict]:
     """The methods whose bio conservation falls below the uncorrected data's, with a sentence.
 
-    ``scores`` is :func:`~locusformer.scoring.metrics.method_scores` indexed by method.
+    ``scores`` is :func:`~locusformer.scoring.tables.method_scores` indexed by method.
     A correction that keeps less of the biology than no correction at all has removed
     biology along with the batch, whatever its batch score (and Total) says.
     """
@@ -560,8 +572,8 @@ def subsample_sentence(long: pd.DataFrame) -> str:
     label column of two values or more; one value stratifies as the batch alone), which
     the bio metrics' names tell.
     """
-    from locusformer.scoring.metrics import BIO_METRICS
     from locusformer.scoring.subsample import SUBSAMPLE_METRICS
+    from locusformer.scoring.tables import BIO_METRICS
 
     rows = long[long["type"] == "subsample"]
     if rows.empty:
@@ -596,7 +608,7 @@ def metrics_section(
     ``names`` maps a method to the name the table shows (see :func:`embedding_section`).
     The ``subsample`` rows of methods scored on a subsample are no column of the table but
     the section's ``subsample`` sentence (:func:`subsample_sentence`). The deciding
-    columns (:data:`~locusformer.scoring.metrics.AGGREGATES`) are shown first, the metrics
+    columns (:data:`~locusformer.scoring.tables.AGGREGATES`) are shown first, the metrics
     they average after them: ``order`` lists the indices of ``columns`` (and of each row's
     cells, both in the metrics table's order) as the table shows them. ``bio_losses`` are
     the methods that kept less biology than the uncorrected data (:func:`bio_losses`);
@@ -604,7 +616,7 @@ def metrics_section(
     ``seed_metrics``, other seeds' metrics tables of the same dataset, the spread of the
     leading methods' Totals (:func:`seeds_sentence`).
     """
-    from locusformer.scoring.metrics import AGGREGATES, method_scores, read_metrics, wide_metrics
+    from locusformer.scoring.tables import AGGREGATES, method_scores, read_metrics, wide_metrics
 
     # method -> how the table shows it, so that a method that used labels says so
     names = dict(names or {})
@@ -703,7 +715,7 @@ def _metric_rows(
 
 def runtime_section(benchmark_files: Mapping[str, Paths] | None) -> dict:
     """Wall time and peak memory of each rule, from its Snakemake benchmark file(s)."""
-    from locusformer.scoring.metrics import read_benchmark
+    from locusformer.scoring.tables import read_benchmark
 
     section: dict[str, Any] = {"available": False, "rows": []}
     if not benchmark_files:

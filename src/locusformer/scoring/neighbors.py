@@ -158,29 +158,34 @@ def exact_diffusion_neighbors() -> Iterator[None]:
         _diffusion_nn.nearest_neighbors = module
 
 
-#: UMAP's numba functions behind its fuzzy simplicial set (the connectivities of kBET per
-#: label's graphs, and scanpy's neighbour graph for the report's UMAP), compiled without
-#: numba's cache: umap-learn 0.5 declares them without ``cache=True``.
-UMAP_UNCACHED_JIT = ("smooth_knn_dist", "compute_membership_strengths")
+#: UMAP's numba functions, as (module, name), compiled without numba's cache: umap-learn
+#: 0.5 declares them without ``cache=True``. The first two make its fuzzy simplicial set
+#: (the connectivities of kBET per label's graphs, and scanpy's neighbour graph for the
+#: report's UMAP); the third is an epoch of the report's UMAP layout.
+UMAP_UNCACHED_JIT = (
+    ("umap.umap_", "smooth_knn_dist"),
+    ("umap.umap_", "compute_membership_strengths"),
+    ("umap.layouts", "_nb_optimize_layout_euclidean_single_epoch"),
+)
 
 
 @functools.cache
 def cache_umap_compilation() -> None:
-    """Keep numba's compilation of UMAP's fuzzy simplicial set from one process to the next.
+    """Keep numba's compilation of UMAP's functions from one process to the next.
 
-    Both functions are compiled again in every process that builds the graph (8-10 s on a
-    Zen 3 core), in each ``metrics`` job and in the report's UMAP: the tiny test dataset's
-    ``metrics`` job took 41 s, and 35-37 s with the compilation cached.
-    Enabling numba's own on-disk cache for them (what ``cache=True`` does, keyed by the
-    function's source and the CPU) loads the same machine code instead; the values are
-    those of a fresh compilation. Where numba finds no writable cache folder (a read-only
-    install and no ``NUMBA_CACHE_DIR``), they compile as before. Once per process: every
-    method scored calls it.
+    Each is compiled again in every process that uses it: the fuzzy simplicial set's two
+    (8-10 s on a Zen 3 core) in each ``metrics`` job and in the report's UMAP (the tiny
+    test dataset's ``metrics`` job took 41 s, and 35-37 s with the compilation cached),
+    the layout's epoch (1 s) in the report. Enabling numba's own on-disk cache for them
+    (what ``cache=True`` does, keyed by the function's source and the CPU) loads the same
+    machine code instead; the values are those of a fresh compilation. Where numba finds
+    no writable cache folder (a read-only install and no ``NUMBA_CACHE_DIR``), they
+    compile as before. Once per process: every method scored calls it.
     """
-    import umap.umap_ as umap_
+    import importlib
 
-    for name in UMAP_UNCACHED_JIT:
-        dispatcher = getattr(umap_, name, None)
+    for module, name in UMAP_UNCACHED_JIT:
+        dispatcher = getattr(importlib.import_module(module), name, None)
         enable = getattr(dispatcher, "enable_caching", None)
         if enable is None:  # another umap-learn: nothing to do
             continue

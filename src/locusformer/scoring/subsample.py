@@ -163,5 +163,5 @@ def with_subsample_rows(
         (method, name, "subsample", float(value), "ok", "")
         for name, value in zip(SUBSAMPLE_METRICS, counts, strict=True)
     ]
-    columns = ["method", "metric", "type", "value", "status", "error"]  # metrics.COLUMNS
+    columns = ["method", "metric", "type", "value", "status", "error"]  # tables.COLUMNS
     return pd.concat([df, pd.DataFrame(rows, columns=columns)[df.columns]], ignore_index=True)

@@ -7,25 +7,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal, get_args
 
 import numpy as np
 import pandas as pd
 
 from locusformer.errors import InputError
+from locusformer.simulate.params import RegionKind
 
-BatchEffect = Literal["gene", "regional", "both"]
-RegionKind = Literal["segments", "arms"]
 SIM_CHROMOSOMES = [f"chr{i}" for i in range(1, 23)] + ["chrX", "chrY"]
-
-
-def check_regional(batch_effect: str, region_size: float, region_kind: str) -> None:
-    if batch_effect not in get_args(BatchEffect):
-        raise InputError("simulate batch_effect", f"must be one of {get_args(BatchEffect)}")
-    if region_kind not in get_args(RegionKind):
-        raise InputError("simulate region_kind", f"must be one of {get_args(RegionKind)}")
-    if not region_size >= 1:
-        raise InputError("simulate region_size", f"must be >= 1 locus, got {region_size!r}")
 
 
 def draw_regions(

@@ -40,7 +40,8 @@ import pandas as pd
 from scipy import sparse
 
 from locusformer.errors import InputError
-from locusformer.simulate.datasets import CountSimulation, CountSimulationParams, simulate_counts
+from locusformer.simulate.datasets import CountSimulation, simulate_counts
+from locusformer.simulate.params import CountSimulationParams
 
 Biology = Literal["groups", "mixtures", "trajectory"]
 Composition = Literal["balanced", "skewed", "missing"]

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from locusformer.errors import InputError
-from locusformer.scoring.metrics import read_metrics, write_metrics
+from locusformer.scoring.tables import read_metrics, write_metrics
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,10 @@ import pandas as pd
 
 from locusformer.errors import InputError
 from locusformer.scoring import result_rows, subsample
-from locusformer.scoring.metrics import DEFAULT_KMEANS_STARTS, score_method, write_metrics
+from locusformer.scoring.metrics import DEFAULT_KMEANS_STARTS, score_method
+from locusformer.scoring.representations import write_representations
 from locusformer.scoring.result_rows import read_result
+from locusformer.scoring.tables import write_metrics
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +57,12 @@ def run_dataset_metrics(
     seed: int = 0,
     max_samples: int = subsample.DEFAULT_MAX_SAMPLES,
     kmeans_starts: int = DEFAULT_KMEANS_STARTS,
+    out_representations: str | os.PathLike | None = None,
 ) -> pd.DataFrame:
     """Score every method of a dataset in one process: ``results`` and ``out_tsvs`` map
     each method to its result file and to its metrics TSV (written once all are scored).
+    ``out_representations``: where to write the representations scored, for the report
+    (:mod:`locusformer.scoring.representations`).
 
     Each method's values are the ones :func:`run_metrics` gives it alone; what is paid once
     instead of once per method is the imports, the JIT compilation (numba's of UMAP's
@@ -75,6 +80,7 @@ def run_dataset_metrics(
     if keep is None:  # read whole, as always
         uncorrected = read_result(uncorrected_h5ad, "uncorrected result")
     reference: dict = {}
+    representations: dict = {}
     frames = {}
     for method, path in results.items():
         started = time.perf_counter()
@@ -90,8 +96,12 @@ def run_dataset_metrics(
             reference=reference,
             samples=keep,
             kmeans_starts=kmeans_starts,
+            representations=representations,
         )
         log.info("%s: scored in %.1f s", method, time.perf_counter() - started)
+    if out_representations is not None:
+        scored = uncorrected.obs_names if keep is None else pd.Index(keep)
+        write_representations(out_representations, representations, scored, seed)
     for method, df in frames.items():
         write_metrics(df, out_tsvs[method])
     return pd.concat(frames.values(), ignore_index=True)

@@ -7,7 +7,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from locusformer.simulate.datasets import CountSimulationParams
+    from locusformer.simulate.params import CountSimulationParams
 
 PathLike = str | os.PathLike
 log = logging.getLogger("locusformer")

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from locusformer.scoring.metrics import (
+from locusformer.scoring.tables import (
     SUMMARY_COLUMNS,
     method_scores,
     read_benchmark,
