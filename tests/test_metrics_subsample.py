@@ -19,7 +19,7 @@ from locusformer.io.results import write_result
 from locusformer.report.render import render_dataset_report
 from locusformer.report.sections import metrics_section, subsample_sentence
 from locusformer.scoring import metrics, tables
-from locusformer.scoring.representations import stored_representation
+from locusformer.scoring.representations import read_representations, stored_representation
 from locusformer.scoring.subsample import (
     DEFAULT_MAX_SAMPLES,
     SUBSAMPLE_METRICS,
@@ -173,12 +173,17 @@ def test_the_representations_scored_are_written_for_the_report(files) -> None:
     # what the report takes: a method's rows in the order asked, nothing for the unknown
     some = pd.Index(rows[::-7])
     where = stored.obs_names.get_indexer(some)
+    read = read_representations(reps)
     np.testing.assert_array_equal(
-        stored_representation(reps, "combat", some), stored.obsm["X_combat"][where]
+        stored_representation(read, "combat", some), stored.obsm["X_combat"][where]
     )
-    assert stored_representation(reps, "harmony", some) is None
-    assert stored_representation(reps, "combat", pd.Index(["not-scored"])) is None
+    assert stored_representation(read, "harmony", some) is None
+    assert stored_representation(read, "combat", pd.Index(["not-scored"])) is None
+    assert read_representations(None) is None
     assert stored_representation(None, "combat", some) is None
+    (files["dir"] / "reps" / "broken.h5ad").write_text("not hdf5")
+    with pytest.raises(InputError, match=r"broken\.h5ad: cannot read the scored representations"):
+        read_representations(files["dir"] / "reps" / "broken.h5ad")
 
 
 def test_up_to_max_samples_the_tables_are_unchanged(files) -> None:

@@ -287,12 +287,13 @@ def embedding_section(
     small and carry no legend, for the report to set several per row; the section's
     ``legend`` gives their colours once (:func:`_draw_embeddings`).
     """
-    from locusformer.scoring.representations import stored_representation
+    from locusformer.scoring.representations import read_representations, stored_representation
     from locusformer.scoring.result_rows import open_result, read_result, take
     from locusformer.scoring.subsample import DEFAULT_MAX_SAMPLES
 
     limit = DEFAULT_MAX_SAMPLES if max_samples is None else max_samples
     keep, sentence = embedding_subsample(integrated, batch_key, label_key, limit, seed)
+    scored = read_representations(representations)
     plots = []
     names: dict[str, str] = {}
     obs = None
@@ -314,7 +315,7 @@ def embedding_section(
             continue
         try:
             shown = result if keep is None else take(result, keep, method)
-            stored = stored_representation(representations, method, shown.obs_names)
+            stored = stored_representation(scored, method, shown.obs_names)
             coords, axis = _embedding_coords(shown, seed, mode, stored)
         except Exception as exc:
             plots.append(

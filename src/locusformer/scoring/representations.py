@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
+from locusformer.errors import InputError, one_line
 from locusformer.io.atomic import atomic_path
+
+if TYPE_CHECKING:
+    import anndata as ad
 
 #: Scored representations by method: the rows' sample names, and the (n, d) array.
 Representations = Mapping[str, tuple[pd.Index, np.ndarray]]
@@ -44,16 +49,27 @@ def write_representations(
         out.write_h5ad(tmp)
 
 
-def stored_representation(
-    path: str | os.PathLike | None, method: str, samples: pd.Index
-) -> np.ndarray | None:
-    """``method``'s scored representation of ``samples``, in their order, from the file at
-    ``path``; ``None`` without a file, without the method, or when a sample is missing."""
+def read_representations(path: str | os.PathLike | None) -> ad.AnnData | None:
+    """The file :func:`write_representations` wrote (``None`` for no path);
+    :class:`~locusformer.errors.InputError` naming it when it cannot be read."""
     if path is None:
         return None
     import anndata as ad
 
-    stored = ad.read_h5ad(path)
+    try:
+        return ad.read_h5ad(path)
+    except Exception as exc:
+        raise InputError(path, f"cannot read the scored representations: {one_line(exc)}") from exc
+
+
+def stored_representation(
+    stored: ad.AnnData | None, method: str, samples: pd.Index
+) -> np.ndarray | None:
+    """``method``'s scored representation of ``samples``, in their order, from ``stored``
+    (:func:`read_representations`); ``None`` without a file, without the method, or when a
+    sample is missing."""
+    if stored is None:
+        return None
     key = f"X_{method}"
     if key not in stored.obsm:
         return None
