@@ -552,3 +552,38 @@ def test_one_kmeans_start_leaves_the_representation_as_it_was():
     before = x.copy()
     kmeans_nmi_ari(x, labels, starts=1)
     np.testing.assert_array_equal(x, before)
+
+
+def test_isolated_labels_and_silhouette_label_share_one_silhouette(monkeypatch) -> None:
+    import scib_metrics
+    from scib_metrics.metrics import _isolated_labels, _silhouette
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 8)).astype(np.float32)
+    labels = rng.choice(np.array(["a", "b", "c"]), 300)
+    labels[:20] = "iso"
+    batches = np.where(np.arange(300) < 150, "b1", "b2")
+    alone = (
+        scib_metrics.isolated_labels(x, labels, batches),
+        scib_metrics.silhouette_label(x, labels),
+        scib_metrics.bras(x, labels, batches),
+    )
+    compute = _silhouette.silhouette_samples
+    calls: list[int] = []
+
+    def counted(X, *args, **kwargs):
+        calls.append(len(X))
+        return compute(X, *args, **kwargs)
+
+    for module in (_isolated_labels, _silhouette):
+        monkeypatch.setattr(module, "silhouette_samples", counted)
+    with metrics._silhouette_once(x, labels):
+        shared = (
+            scib_metrics.isolated_labels(x, labels, batches),
+            scib_metrics.silhouette_label(x, labels),
+            scib_metrics.bras(x, labels, batches),  # other arrays: computed as usual
+        )
+    assert shared == alone  # the same values, to the last bit
+    assert calls.count(300) == 1  # the whole matrix's silhouette once, for both metrics
+    assert _silhouette.silhouette_samples is counted  # put back as it was
+    assert _isolated_labels.silhouette_samples is counted
