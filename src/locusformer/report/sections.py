@@ -202,9 +202,9 @@ def _embedding_coords(
         import anndata as ad
         import scanpy as sc
 
-        from locusformer.scoring.neighbors import cache_umap_compilation
+        from locusformer.scoring.neighbors import cache_numba_compilation
 
-        cache_umap_compilation()
+        cache_numba_compilation()
         tmp = ad.AnnData(X=np.zeros((n, 1), dtype=np.float32))
         tmp.obsm["X_rep"] = rep
         # Exact kNN, scanpy's own choice below 4,096 samples (the same plots there): above

@@ -59,7 +59,7 @@ from locusformer.scoring import result_rows, subsample
 from locusformer.scoring.neighbors import (
     WITHIN_BATCH_K,
     cache_jax_compilation,
-    cache_umap_compilation,
+    cache_numba_compilation,
     compute_neighbors,
     exact_diffusion_neighbors,
     neighbor_sizes,
@@ -256,7 +256,7 @@ def score_method(
     """
     import scib_metrics
 
-    cache_umap_compilation()
+    cache_numba_compilation()
     cache_jax_compilation()
     # scib-metrics logs every skipped kBET label at INFO level through a rich handler
     scib_metrics.settings.verbosity = logging.WARNING

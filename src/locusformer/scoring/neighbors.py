@@ -158,36 +158,61 @@ def exact_diffusion_neighbors() -> Iterator[None]:
         _diffusion_nn.nearest_neighbors = module
 
 
-#: UMAP's numba functions, as (module, name), compiled without numba's cache: umap-learn
-#: 0.5 declares them without ``cache=True``. The first two make its fuzzy simplicial set
-#: (the connectivities of kBET per label's graphs, and scanpy's neighbour graph for the
-#: report's UMAP); the third is an epoch of the report's UMAP layout.
-UMAP_UNCACHED_JIT = (
+#: numba functions of umap-learn and pynndescent, as (module, name), that their packages
+#: compile without numba's cache (declared without ``cache=True``). UMAP's first two make
+#: its fuzzy simplicial set (the connectivities of kBET per label's graphs, and scanpy's
+#: neighbour graph for the report's UMAP); the third is an epoch of the report's UMAP
+#: layout. pynndescent's build the approximate neighbour graph of a scored representation
+#: above :data:`EXACT_KNN_MAX_SAMPLES` samples (its ``nn_descent`` and
+#: ``nn_descent_internal`` cannot be cached: numba refuses them for their globals).
+UNCACHED_JIT = (
     ("umap.umap_", "smooth_knn_dist"),
     ("umap.umap_", "compute_membership_strengths"),
     ("umap.layouts", "_nb_optimize_layout_euclidean_single_epoch"),
+    *(
+        ("pynndescent.pynndescent_", name)
+        for name in (
+            "apply_sorted_graph_update_array",
+            "build_candidates_owner",
+            "deheap_sort",
+            "generate_graph_update_array",
+            "generate_graph_update_array_batched",
+            "generate_leaf_updates",
+            "init_random",
+            "init_rp_tree",
+            "process_candidates",
+            "sort_updates_by_block",
+        )
+    ),
+    ("pynndescent.distances", "alternative_dot"),
 )
 
 
 @functools.cache
-def cache_umap_compilation() -> None:
-    """Keep numba's compilation of UMAP's functions from one process to the next.
+def cache_numba_compilation() -> None:
+    """Keep numba's compilation of UMAP's and pynndescent's functions from one process to
+    the next.
 
     Each is compiled again in every process that uses it: the fuzzy simplicial set's two
     (8-10 s on a Zen 3 core) in each ``metrics`` job and in the report's UMAP (the tiny
     test dataset's ``metrics`` job took 41 s, and 35-37 s with the compilation cached),
-    the layout's epoch (1 s) in the report. Enabling numba's own on-disk cache for them
-    (what ``cache=True`` does, keyed by the function's source and the CPU) loads the same
-    machine code instead; the values are those of a fresh compilation. Where numba finds
-    no writable cache folder (a read-only install and no ``NUMBA_CACHE_DIR``), they
-    compile as before. Once per process: every method scored calls it.
+    the layout's epoch (1 s) in the report, pynndescent's (13 s of the 30 s that its first
+    graph of 25,000 samples took) in each ``metrics`` job above 20,000 samples. Enabling
+    numba's own on-disk cache for them (what ``cache=True`` does, keyed by the function's
+    source and the CPU) loads the same machine code instead; the values are those of a
+    fresh compilation. Where numba finds no writable cache folder (a read-only install and
+    no ``NUMBA_CACHE_DIR``), they compile as before. Once per process: every method
+    scored calls it.
     """
     import importlib
 
-    for module, name in UMAP_UNCACHED_JIT:
-        dispatcher = getattr(importlib.import_module(module), name, None)
+    for module, name in UNCACHED_JIT:
+        try:
+            dispatcher = getattr(importlib.import_module(module), name, None)
+        except ImportError:  # another umap-learn or pynndescent: nothing to do
+            continue
         enable = getattr(dispatcher, "enable_caching", None)
-        if enable is None:  # another umap-learn: nothing to do
+        if enable is None:
             continue
         with contextlib.suppress(RuntimeError):  # numba: "no locator available"
             enable()
