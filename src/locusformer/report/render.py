@@ -167,29 +167,19 @@ def render_dataset_report(
     with other seeds, add how far the leading methods' Totals moved between seeds (the
     table itself stays this run's).
     """
-    import yaml
 
     if embedding not in ("auto", "umap", "pca"):
         raise ValueError(f"embedding must be 'auto', 'umap' or 'pca', not {embedding!r}")
-    plot_seed = 0 if seed is None else int(seed)
-    emb_section, obs = (
-        embedding_section(
-            integrated,
-            batch_key,
-            label_key,
-            plot_seed,
-            embedding,
-            max_samples,
-            representations=representations,
-        )
-        if integrated
-        else ({"available": False, "plots": [], "subsample": ""}, None)
+    emb_section, obs = _embeddings(
+        integrated,
+        representations,
+        batch_key=batch_key,
+        label_key=label_key,
+        seed=0 if seed is None else int(seed),
+        mode=embedding,
+        max_samples=max_samples,
     )
-    config_text = (
-        yaml.safe_dump(json.loads(json.dumps(dict(config), default=str)), sort_keys=False)
-        if config
-        else ""
-    )
+    config_text = _config_text(config)
     mapping = mapping_section(mapping_json)
     sections = {
         "summary": summary_section(stats_json, obs, batch_key, label_key),
@@ -222,6 +212,27 @@ def render_dataset_report(
         seed=seed,
         versions=software_versions(),
     )
+
+
+def _config_text(config: Mapping[str, Any] | None) -> str:
+    """The run's configuration as the report prints it (YAML; "" without one)."""
+    import yaml
+
+    if not config:
+        return ""
+    return yaml.safe_dump(json.loads(json.dumps(dict(config), default=str)), sort_keys=False)
+
+
+def _embeddings(
+    integrated: Mapping[str, PathLike] | None,
+    representations: PathLike | None,
+    **settings: Any,
+) -> tuple[dict, Any]:
+    """The embedding section and the samples' obs (:func:`embedding_section`), or an empty
+    section without results."""
+    if not integrated:
+        return {"available": False, "plots": [], "subsample": ""}, None
+    return embedding_section(integrated, representations=representations, **settings)
 
 
 def kmeans_sentence(config: Mapping[str, Any] | None) -> str:
