@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from locusformer.errors import InputError
+from locusformer.scoring.tables import COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -163,5 +164,4 @@ def with_subsample_rows(
         (method, name, "subsample", float(value), "ok", "")
         for name, value in zip(SUBSAMPLE_METRICS, counts, strict=True)
     ]
-    columns = ["method", "metric", "type", "value", "status", "error"]  # tables.COLUMNS
-    return pd.concat([df, pd.DataFrame(rows, columns=columns)[df.columns]], ignore_index=True)
+    return pd.concat([df, pd.DataFrame(rows, columns=COLUMNS)[df.columns]], ignore_index=True)

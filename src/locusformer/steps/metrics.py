@@ -100,7 +100,7 @@ def run_dataset_metrics(
         )
         log.info("%s: scored in %.1f s", method, time.perf_counter() - started)
     if out_representations is not None:
-        scored = uncorrected.obs_names if keep is None else pd.Index(keep)
+        scored = uncorrected.obs_names if keep is None else keep
         write_representations(out_representations, representations, scored, seed)
     for method, df in frames.items():
         write_metrics(df, out_tsvs[method])
