@@ -300,9 +300,12 @@ def methods():
 
 
 def get_baseline_threads(wildcards):
-    """One thread for ``uncorrected``, which copies its input: on a few cores (the demo's
-    2) it then runs beside another one-thread job instead of holding both cores."""
-    return 1 if wildcards.method == "uncorrected" else 2
+    """One thread for the baselines that are matrix algebra (``uncorrected`` copies its
+    input; ComBat and Harmony are a few seconds on the demo): on a few cores they run two
+    at a time beside each other or a side job, instead of each waiting for both cores
+    while one-thread side jobs take the first core freed. scVI and SysVI train networks,
+    which use a second thread."""
+    return 2 if wildcards.method in ("scvi", "sysvi") else 1
 
 
 def get_label_arg(wildcards):

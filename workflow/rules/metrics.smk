@@ -35,10 +35,12 @@ rule confounding:
 # of UMAP's graph for kBET, JAX's for the rest) and the uncorrected PCA are paid once, not
 # per method.
 # One BLAS thread: the matrices scored are n x 50, and on shared cores OpenBLAS's second
-# thread made the PCA and kBET many times slower (same scores). The job still claims 2
-# threads for JAX's own thread pool (XLA sizes it by the machine's cores, whatever
-# OMP_NUM_THREADS says), which the silhouettes, LISI and k-means use on a large
-# subsample; on the demo the job is mostly JAX's compilation, on one core. Above
+# thread made the PCA and kBET many times slower (same scores). The job claims one
+# thread: on the demo it is mostly JAX's compilation, one core's work (7.3 s on one core
+# or two), and a claim of two kept it waiting for attention_map and inspect to free the
+# second core. On a large subsample JAX's own thread pool (XLA sizes it by the cores the
+# job may use, whatever OMP_NUM_THREADS says) still runs the silhouettes, LISI and
+# k-means on every core left to it; the SLURM profile asks for more (set-threads). Above
 # metrics.max_samples samples every method is scored on one stratified subsample
 # (locusformer.scoring.subsample), which each table records.
 # KMeans NMI and ARI come from the best of metrics.kmeans_starts starts (1: scib-metrics').
@@ -57,7 +59,7 @@ rule metrics:
     priority: CHAIN_PRIORITY
     conda:
         "../envs/metrics.yaml"
-    threads: 2
+    threads: 1
     params:
         results=get_metrics_results,
         outputs=get_metrics_outputs,
