@@ -26,7 +26,9 @@ times depend on the machine and its load.
     # into docs/results.md (between <!-- table:scale --> and <!-- /table:scale -->)
     .venv/bin/python benchmarks/results_tables.py scale
 
-Every run works in ``OUT/<label>/n<size>/r<k>/`` (git-ignored, under ``benchmarks/out``),
+``--prune`` deletes each recorded run's matrices, models and checkpoints (a 1M run
+writes about 56 GB), keeping what the tables read. Every run works in
+``OUT/<label>/n<size>/r<k>/`` (git-ignored, under ``benchmarks/out``),
 the data in ``OUT/data/n<size>/``. A run records itself in its ``run.json`` (label, size,
 repeat, commit and whether that checkout had uncommitted changes, date, machine, the whole
 run's wall seconds) once its workflow has finished; a run with a ``run.json`` is not run
@@ -245,6 +247,34 @@ def run_once(out: Path, n: int, repeat: int, label: str, code: Path, cores: int)
     }
     (work / "run.json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"{label} r{repeat}, {n} samples: workflow {wall:.0f} s", flush=True)
+
+
+#: What a finished run's tables are read from (rules' benchmark files, the summary, the
+#: report's size) is kept by :func:`prune`; the matrices go (about 56 GB at 1M samples).
+PRUNED_SUFFIXES = (".h5ad", ".parquet", ".pt", ".npz")
+
+
+def prune(work: Path) -> float:
+    """Delete a recorded run's matrices, models and checkpoints; the GB freed.
+
+    Parameters
+    ----------
+    work : Path
+        A run's folder with its ``run.json``.
+
+    Returns
+    -------
+    float
+        The size of the files deleted, in GB.
+    """
+    if not (work / "run.json").exists():
+        raise ValueError(f"{work} has no run.json: only a finished run is pruned")
+    freed = 0
+    for path in (work / "results").rglob("*"):
+        if path.is_file() and path.suffix in PRUNED_SUFFIXES:
+            freed += path.stat().st_size
+            path.unlink()
+    return freed / 1e9
 
 
 def recorded(out: Path) -> list[tuple[Path, dict]]:
@@ -552,6 +582,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--cores", type=int, default=2, help="snakemake --cores")
     parser.add_argument("--table", action="store_true", help="print the table and stop")
     parser.add_argument(
+        "--prune", action="store_true",
+        help="once a run is recorded, delete its matrices, models and checkpoints",
+    )  # fmt: skip
+    parser.add_argument(
         "--compare", nargs=2, default=[REFERENCE, CURRENT], metavar=("REFERENCE", "CURRENT"),
         help="the labels the table compares (default: reference current)",
     )  # fmt: skip
@@ -559,7 +593,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.table:
         codes = codes_from(args.code, args.label)
         for n, repeat, label in plan(args.sizes, list(codes), args.repeats):
+            if args.prune:  # the runs recorded so far, before this one needs the disk
+                for work, _ in recorded(args.out):
+                    prune(work)
             run_once(args.out, n, repeat, label, codes[label], args.cores)
+        if args.prune:
+            for work, _ in recorded(args.out):
+                prune(work)
     rules, runs = collect(args.out)
     if runs.empty:
         raise SystemExit(f"no finished run under {args.out}")

@@ -232,3 +232,22 @@ def test_results_tables_writes_and_checks_the_scale_block(tmp_path, monkeypatch,
     doc.write_text("# Results, no block\n")
     with pytest.raises(SystemExit, match=r"no <!-- table:scale --> block in results\.md"):
         results_tables.main()
+
+
+def test_pruning_keeps_what_the_tables_read_and_refuses_an_unfinished_run(tmp_path):
+    fabricate(tmp_path)
+    before = ws.collect(tmp_path)
+    work = ws.work_dir(tmp_path, "current", 300, 0)
+    (work / "results" / "sim" / "integrated").mkdir()
+    (work / "results" / "sim" / "integrated" / "combat.h5ad").write_bytes(b"x" * 1000)
+    (work / "results" / "sim" / "normalized.parquet").write_bytes(b"x" * 500)
+    assert ws.prune(work) == pytest.approx(1.5e-6)
+    assert not list((work / "results").rglob("*.h5ad"))
+    assert not list((work / "results").rglob("*.parquet"))
+    after = ws.collect(tmp_path)
+    pd.testing.assert_frame_equal(before[0], after[0])
+    pd.testing.assert_frame_equal(before[1], after[1])
+    unfinished = ws.work_dir(tmp_path, "current", 300, 5)
+    (unfinished / "results").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"no run\.json"):
+        ws.prune(unfinished)
