@@ -18,6 +18,8 @@ commit and machine to ``--work``/runs.jsonl.
         --max-samples 300 --genes 500 --methods uncorrected combat harmony locusformer
     .venv/bin/python benchmarks/simulated/suite.py --work W --table
 
+``--resume`` skips what ``--work`` has scored already, so a suite too long for one
+sitting (three seeds, every corrector: hours on 2 cores) is run in parts.
 ``--training '{"max_epochs": 10}'`` trains LocusFormer with those overrides; its rows are
 then named ``locusformer {"max_epochs": 10}``, not ``locusformer`` (the defaults), so the
 table never passes one off as the other.
@@ -106,7 +108,7 @@ def run_one(
         try:
             if method == "locusformer":
                 # The defaults unless --training says otherwise, and then the name says so.
-                label = "locusformer" + (f" {json.dumps(training)}" if training else "")
+                label = method_label(method, training)
                 model, _ = train_corrector(
                     adata.X, batches, loci, None, training, seed=seed, progress=False
                 )
@@ -136,6 +138,22 @@ def run_one(
             fh.writelines(f"{name}\t{label}\t{seed}\t{k}\t{v}\n" for k, v in values.items())
 
 
+def method_label(method: str, training: dict[str, Any] | None) -> str:
+    """The name a method's rows carry: LocusFormer's says which overrides it trained with."""
+    if method == "locusformer" and training:
+        return f"locusformer {json.dumps(training)}"
+    return method
+
+
+def finished(work: Path) -> set[tuple[str, str, int]]:
+    """(scenario, method, seed) of every scored row in ``work``/results.tsv (a row that
+    failed, with no total, is not finished)."""
+    if not (work / "results.tsv").exists():
+        return set()
+    rows = simulated_rows(work).dropna(subset=["total"])
+    return set(zip(rows["scenario"], rows["method"], rows["seed"].astype(int), strict=True))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "out" / "simulated")
@@ -153,6 +171,10 @@ def main() -> None:
         help="JSON overrides of LocusFormer's training (rows then named by them)",
     )  # fmt: skip
     parser.add_argument("--table", action="store_true", help="print the table and stop")
+    parser.add_argument(
+        "--resume", action="store_true",
+        help="skip every (scenario, method, seed) already scored in --work",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.table:
         print(simulated_text(args.work, simulated_rows(args.work)))
@@ -166,13 +188,19 @@ def main() -> None:
         k: getattr(args, k)
         for k in ("scenarios", "seeds", "methods", "size_scale", "max_samples", "genes", "training")
     })  # fmt: skip
+    done = finished(args.work) if args.resume else set()
     print("\t".join(SIMULATED_COLUMNS), flush=True)
     for name in args.scenarios:
         scenario = SUITE[name].scaled(
             args.size_scale, max_samples=args.max_samples, n_genes=args.genes
         )
         for seed in args.seeds:
-            run_one(name, scenario, seed, args.methods, args.training, args.work)
+            methods = [
+                m for m in args.methods
+                if (name, method_label(m, args.training), seed) not in done
+            ]  # fmt: skip
+            if methods:
+                run_one(name, scenario, seed, methods, args.training, args.work)
 
 
 if __name__ == "__main__":
