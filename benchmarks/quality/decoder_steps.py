@@ -29,10 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "benchmarks" / "simulated"))
-sys.path.insert(0, str(ROOT / "benchmarks" / "quality"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from probes import append_row, datasets, score_matrix
 
 
 def fit_decoder(model, X, codes: np.ndarray, steps: int, seed: int, lr: float = 1e-3) -> None:
@@ -78,13 +76,10 @@ def run(name, adata, loci, keys, seed, step_list, out: Path) -> None:
 
     from locusformer.baselines.methods import run_method
     from locusformer.infer.correct import batch_codes, correct
-    from locusformer.io.results import make_result
-    from locusformer.scoring.metrics import score_method
     from locusformer.train.loop import train_corrector
 
-    batch_key, label_key = keys
-    uncorrected = run_method("uncorrected", adata.copy(), batch_key, 0)
-    batches = adata.obs[batch_key].astype(str).tolist()
+    uncorrected = run_method("uncorrected", adata.copy(), keys[0], 0)
+    batches = adata.obs[keys[0]].astype(str).tolist()
     start = time.perf_counter()
     trained, _ = train_corrector(adata.X, batches, loci, None, None, seed=seed, progress=False)
     seconds = time.perf_counter() - start
@@ -95,19 +90,9 @@ def run(name, adata, loci, keys, seed, step_list, out: Path) -> None:
         if steps:
             fit_decoder(model, adata.X, codes, steps, seed)
         corrected, _ = correct(model, adata.X, batches)
-        result = make_result(
-            corrected, method="locusformer", representation="matrix", obs=adata.obs,
-            var_names=adata.var_names, batch_key=batch_key, label_key=label_key,
-        )  # fmt: skip
-        v = score_method(result, uncorrected, batch_key, label_key, seed=seed)
-        v = v.set_index("metric")["value"]
-        took = seconds + time.perf_counter() - begin
-        row = [name, f"decoder_steps_{steps}", seed]
-        row += [v["Batch correction"], v["Bio conservation"], v["Total"], round(took, 1)]
-        line = "\t".join(map(str, row))
-        print(line, flush=True)
-        with open(out, "a") as fh:
-            fh.write(line + "\n")
+        scores = score_matrix(corrected, adata, uncorrected, keys, seed)
+        took = round(seconds + time.perf_counter() - begin, 1)
+        append_row(out, [name, f"decoder_steps_{steps}", seed, *scores, took])
 
 
 def main() -> None:
@@ -122,20 +107,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    for name in args.scenarios:
-        from suite import BATCH_KEY, LABEL_KEY, prepare
-
-        from locusformer.simulate.scenarios import SUITE
-
-        for seed in args.seeds:
-            adata, _, loci = prepare(SUITE[name], seed)
-            run(name, adata, loci, (BATCH_KEY, LABEL_KEY), seed, args.steps, args.out)
-    for task in args.tasks:
-        from variants import load_task
-
-        adata, loci, _ = load_task(args.tasks_work, task)
-        for seed in args.seeds:
-            run(task, adata, loci, ("batch", "cell_line"), seed, args.steps, args.out)
+    for name, adata, loci, keys, seed in datasets(
+        args.scenarios, args.tasks, args.tasks_work, args.seeds
+    ):
+        run(name, adata, loci, keys, seed, args.steps, args.out)
 
 
 if __name__ == "__main__":

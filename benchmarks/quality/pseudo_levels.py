@@ -38,6 +38,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "simulated"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "quality"))
 
+from probes import append_row, datasets, score_matrix  # noqa: E402
+
 
 def _kmeans(x: np.ndarray, n_clusters: int, seed: int) -> np.ndarray:
     from sklearn.cluster import KMeans
@@ -91,8 +93,6 @@ def run(name, adata, loci, keys, seed, clusters, training, out: Path, quick="com
 
     from locusformer.baselines.methods import run_method
     from locusformer.infer.correct import correct
-    from locusformer.io.results import make_result
-    from locusformer.scoring.metrics import score_method
     from locusformer.train.loop import train_corrector
 
     batch_key, label_key = keys
@@ -106,19 +106,11 @@ def run(name, adata, loci, keys, seed, clusters, training, out: Path, quick="com
             adata.X, batches, loci, None, training, seed=seed, progress=False, covariates=levels
         )
         corrected, _ = correct(model, adata.X, batches)
-        result = make_result(
-            corrected, method="locusformer", representation="matrix", obs=adata.obs,
-            var_names=adata.var_names, batch_key=batch_key, label_key=label_key,
-        )  # fmt: skip
-        values = score_method(result, uncorrected, batch_key, label_key, seed=seed)
-        v = values.set_index("metric")["value"]
+        scores = score_matrix(corrected, adata, uncorrected, keys, seed)
         variant = f"pseudo_levels_{k}" + ("_cross" if quick == "cross" else "") if k else "default"
         variant += f" {json.dumps(training)}" if training else ""
-        row = [name, variant, seed, v["Batch correction"], v["Bio conservation"], v["Total"]]
-        line = "\t".join(map(str, [*row, round(ari, 3), round(time.perf_counter() - start, 1)]))
-        print(line, flush=True)
-        with open(out, "a") as fh:
-            fh.write(line + "\n")
+        seconds = round(time.perf_counter() - start, 1)
+        append_row(out, [name, variant, seed, *scores, round(ari, 3), seconds])
 
 
 def main() -> None:
@@ -135,22 +127,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    for name in args.scenarios:
-        from suite import BATCH_KEY, LABEL_KEY, prepare
-
-        from locusformer.simulate.scenarios import SUITE
-
-        for seed in args.seeds:
-            adata, _, loci = prepare(SUITE[name], seed)
-            keys = (BATCH_KEY, LABEL_KEY)
-            run(name, adata, loci, keys, seed, args.clusters, args.training, args.out, args.quick)
-    for task in args.tasks:
-        from variants import load_task
-
-        adata, loci, _ = load_task(args.tasks_work, task)
-        for seed in args.seeds:
-            keys = ("batch", "cell_line")
-            run(task, adata, loci, keys, seed, args.clusters, args.training, args.out, args.quick)
+    for name, adata, loci, keys, seed in datasets(
+        args.scenarios, args.tasks, args.tasks_work, args.seeds
+    ):
+        run(name, adata, loci, keys, seed, args.clusters, args.training, args.out, args.quick)
 
 
 if __name__ == "__main__":
