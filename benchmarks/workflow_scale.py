@@ -592,14 +592,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not args.table:
         codes = codes_from(args.code, args.label)
-        for n, repeat, label in plan(args.sizes, list(codes), args.repeats):
-            if args.prune:  # the runs recorded so far, before this one needs the disk
-                for work, _ in recorded(args.out):
-                    prune(work)
-            run_once(args.out, n, repeat, label, codes[label], args.cores)
-        if args.prune:
+        if args.prune:  # the runs recorded before, ahead of the disk the new ones need
             for work, _ in recorded(args.out):
                 prune(work)
+        for n, repeat, label in plan(args.sizes, list(codes), args.repeats):
+            run_once(args.out, n, repeat, label, codes[label], args.cores)
+            if args.prune:
+                prune(work_dir(args.out, label, n, repeat))
     rules, runs = collect(args.out)
     if runs.empty:
         raise SystemExit(f"no finished run under {args.out}")
