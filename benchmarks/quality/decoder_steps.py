@@ -36,7 +36,9 @@ from probes import append_row, datasets, score_matrix
 def fit_decoder(model, X, codes: np.ndarray, steps: int, seed: int, lr: float = 1e-3) -> None:
     """In place: ``steps`` AdamW steps of the reconstruction loss on the decoder alone
     (minibatches of 64 of every row, the encoder's latent fixed), learning rate warmed up
-    over 5% of the steps and decayed by a cosine, as training's."""
+    over 5% of the steps, then a cosine over all of them (its own schedule, not
+    train.schedule.WarmupCosine, which starts the cosine after the warm-up: the probe's
+    recorded rows used this one)."""
     import torch
     import torch.nn.functional as F
 
