@@ -13,6 +13,7 @@ from pathlib import Path
 import anndata as ad
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import scanpy as sc
@@ -469,3 +470,23 @@ def test_the_attention_map_reads_only_the_samples_it_averages(tmp_path, tiny_mod
     expected = attention_map(model, sim.X, labels, max_samples=13)
     with np.load(tmp_path / "attn.npz") as saved:
         np.testing.assert_allclose(saved["attention"], expected, rtol=1e-6, atol=1e-7)
+
+
+def test_row_groups_after_the_first_read_back_through_pandas_as_written(tmp_path, small_chunks):
+    # Later row groups are built from arrow arrays under the first group's schema, not
+    # through pandas: the file must still be the frame written, index and all, for any
+    # parquet reader.
+    rng = np.random.default_rng(1)
+    values = rng.normal(size=(N_SAMPLES, N_GENES)).astype(np.float32)
+    values[values < 0.3] = 0  # dictionary-encoded columns beside byte-stream-split ones
+    frame = pd.DataFrame(
+        values,
+        index=pd.Index([f"s{i}" for i in range(N_SAMPLES)], name="sample_id"),
+        columns=[f"g{j}" for j in range(N_GENES)],
+    )
+    path = tmp_path / "m.parquet"
+    write_matrix_parquet(path, values, frame.index, frame.columns)
+    assert pq.ParquetFile(path).metadata.num_row_groups == 13
+    pd.testing.assert_frame_equal(pd.read_parquet(path), frame)
+    expected = pa.Table.from_pandas(frame, preserve_index=True).schema
+    assert pq.read_schema(path).equals(expected, check_metadata=True)

@@ -107,15 +107,27 @@ def matrix_parquet_writer(
     def flush(tmp: PathLike) -> None:
         nonlocal writer, filled
         values = gathered[:, :filled] if gathered is not None else np.empty((len(columns), 0))
+        values = values.astype(np.float32, copy=False)
         sample_ids = np.concatenate(ids) if ids else np.empty(0, dtype=object)
-        # A frame over the gathered values (no copy): arrow reads each gene's row in place.
-        frame = pd.DataFrame(
-            values.T.astype(np.float32, copy=False),
-            index=pd.Index(sample_ids, name="sample_id", dtype=object),
-            columns=columns,
-            copy=False,
-        )
-        table = pa.Table.from_pandas(frame, preserve_index=True)
+        if writer is None:
+            # The first group goes through pandas, which gives the schema its pandas
+            # metadata (the index, the columns' dtypes); a frame over the gathered values
+            # (no copy), arrow reading each gene's row in place.
+            frame = pd.DataFrame(
+                values.T,
+                index=pd.Index(sample_ids, name="sample_id", dtype=object),
+                columns=columns,
+                copy=False,
+            )
+            table = pa.Table.from_pandas(frame, preserve_index=True)
+        else:
+            # Later groups reuse that schema: pandas' conversion, column by column, took a
+            # fifth of the time of writing a matrix of 2,000 genes (normalize at 1M
+            # samples: 33 of 150 s); the file is the same byte for byte.
+            genes = [pa.array(row) for row in values]  # each a view of one gathered row
+            table = pa.Table.from_arrays(
+                [*genes, pa.array(sample_ids, type=pa.string())], schema=writer.schema
+            )
         if writer is None:
             writer = pq.ParquetWriter(
                 tmp, table.schema, compression="zstd", **_column_encoding(values, columns)
