@@ -82,6 +82,42 @@ def test_normalize_and_order_loci_write_their_outputs(tmp_path, counts_dataset):
     np.testing.assert_array_equal(ordered[normalized.columns].to_numpy(), normalized.to_numpy())
 
 
+def _counts(expression, normalized, out, value_type="counts"):
+    argv = ["counts", "--expression", str(expression), "--value-type", value_type,
+            "--matrix", str(normalized), "--out", str(out)]  # fmt: skip
+    return main(argv)
+
+
+@pytest.mark.parametrize("value_type", ["counts", "log_expression"])
+def test_the_counts_step_writes_what_normalize_writes_byte_for_byte(
+    tmp_path, counts_dataset, value_type
+):
+    # The workflow's counts job (scVI's input) replaces normalize's --out-counts.
+    code, out = _normalize(
+        tmp_path, counts_dataset["matrix_path"], counts_dataset["sheet_path"],
+        "--value-type", value_type,
+    )  # fmt: skip
+    assert code == 0
+    separate = tmp_path / "counts.parquet"
+    code = _counts(counts_dataset["matrix_path"], out / "normalized.parquet", separate, value_type)
+    assert code == 0
+    assert separate.read_bytes() == (out / "counts.parquet").read_bytes()
+    assert pd.read_parquet(separate).shape == ((24, 60) if value_type == "counts" else (24, 0))
+
+
+def test_the_counts_step_refuses_a_normalized_matrix_of_other_samples(
+    tmp_path, capsys, counts_dataset
+):
+    code, out = _normalize(tmp_path, counts_dataset["matrix_path"], counts_dataset["sheet_path"])
+    assert code == 0
+    counts_dataset["matrix"].iloc[:, :-1].to_csv(counts_dataset["matrix_path"])
+    refused = tmp_path / "refused"
+    code = _counts(
+        counts_dataset["matrix_path"], out / "normalized.parquet", refused / "counts.parquet"
+    )
+    _assert_refused(code, refused, capsys, "normalized.parquet", "24 samples", "has 23")
+
+
 @pytest.mark.parametrize(
     ("edit", "fragments"),
     [

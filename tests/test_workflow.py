@@ -42,6 +42,21 @@ def test_dry_run_of_the_default_config_shows_the_rule_chain():
         assert rule in result.stdout
 
 
+def test_the_counts_job_is_planned_only_for_scvi():
+    # The raw counts are written for scVI alone; without it no job writes them.
+    planned = {}
+    for extra in ([], ["--configfile", ".test/config/scvi.yaml"]):
+        result = subprocess.run(
+            [str(BIN / "snakemake"), "-n", "--forceall", "--quiet", "rules", "--directory",
+             ".test", *extra],
+            cwd=ROOT, capture_output=True, text=True, env=_env(), check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        planned[bool(extra)] = result.stdout
+    assert "counts " not in planned[False] and "baseline " in planned[False]
+    assert "counts " in planned[True]
+
+
 def test_lint_and_format_are_clean():
     lint = subprocess.run(
         [str(BIN / "snakemake"), "--lint"],
@@ -302,8 +317,9 @@ def test_every_job_imports_only_what_its_rules_conda_env_lists(tiny_run):
     jobs = _jobs_imports(tiny_run["imports"])
     commands = {rule["command"] for rule in rules().values()}
     # map runs for a dataset mapped onto a trained model, not in the tiny run:
-    # tests/test_workflow_mapping.py checks its job's imports.
-    assert set(jobs) == commands - {"map"}, "every rule ran and was recorded"
+    # tests/test_workflow_mapping.py checks its job's imports; counts runs for scVI only,
+    # and test_the_scvi_config_runs_the_scvi_baseline checks its job's.
+    assert set(jobs) == commands - {"map", "counts"}, "every rule ran and was recorded"
     assert {"torch"} <= set().union(*jobs["train"])  # the probe saw the lazy imports
     _assert_envs_cover(jobs)
 
@@ -334,6 +350,7 @@ def test_the_scvi_config_runs_the_scvi_baseline(tmp_path):
     assert adata.uns.get("status", "ok") == "ok", adata.uns
     jobs = _jobs_imports(tmp_path / "imports")
     assert "scvi-tools" in set().union(*jobs["baseline"])
+    assert "counts" in jobs  # the raw counts, written for scVI alone
     _assert_envs_cover(jobs)
 
 
@@ -368,7 +385,6 @@ def test_the_workflow_runs_as_a_module_with_and_without_a_prefix(tmp_path):
         f"tiny/{name}"
         for name in (
             "normalized.parquet",
-            "counts.parquet",
             "samples.tsv",
             "stats/normalize.json",
             "loci.parquet",

@@ -1,8 +1,6 @@
 rule baseline:
     input:
-        matrix="results/{dataset}/ordered.parquet",
-        samples="results/{dataset}/samples.tsv",
-        counts="results/{dataset}/counts.parquet",
+        unpack(get_baseline_input),
     output:
         "results/{dataset}/integrated/{method}.h5ad",
     log:

@@ -308,6 +308,25 @@ def get_baseline_threads(wildcards):
     return 2 if wildcards.method in ("scvi", "sysvi") else 1
 
 
+def get_baseline_input(wildcards):
+    """The ordered matrix and the sample table; the raw counts too for scVI, the one
+    baseline that models them (the counts job runs only then)."""
+    files = {
+        "matrix": f"results/{wildcards.dataset}/ordered.parquet",
+        "samples": f"results/{wildcards.dataset}/samples.tsv",
+    }
+    if wildcards.method == "scvi":
+        files["counts"] = f"results/{wildcards.dataset}/counts.parquet"
+    return files
+
+
+def get_counts_source_args(wildcards):
+    row = dataset(wildcards)
+    return " ".join(
+        [optional(row.get("layer"), "--layer"), f"--value-type {row['value_type']}"]
+    )
+
+
 def get_label_arg(wildcards):
     return optional(dataset(wildcards).get("label_key"), "--label-key")
 

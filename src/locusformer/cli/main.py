@@ -66,6 +66,19 @@ def _normalize(args: argparse.Namespace) -> None:
     )
 
 
+@_command("counts")
+def _counts(args: argparse.Namespace) -> None:
+    from locusformer.steps.counts import run_counts
+
+    run_counts(
+        args.expression,
+        args.matrix,
+        value_type=args.value_type,
+        out=args.out,
+        layer=args.layer,
+    )
+
+
 @_command("order-loci")
 def _order_loci(args: argparse.Namespace) -> None:
     from locusformer.steps.order_loci import run_order_loci

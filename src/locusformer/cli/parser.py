@@ -104,6 +104,15 @@ def _add_preprocessing(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--out-samples", required=True)
     p.add_argument("--out-stats", required=True)
 
+    p = commands.add_parser(
+        "counts", help="the raw counts of the genes and samples normalize kept (for scVI)"
+    )
+    p.add_argument("--expression", required=True, help="matrix (CSV/TSV[.gz], parquet, h5ad)")
+    p.add_argument("--layer", default=None, help="h5ad layer holding the values (default .X)")
+    p.add_argument("--value-type", required=True, choices=["counts", "log_expression"])
+    p.add_argument("--matrix", required=True, help="normalized.parquet")
+    p.add_argument("--out", required=True)
+
     p = commands.add_parser("order-loci", help="place genes on the genome and reorder")
     p.add_argument("--matrix", required=True, help="normalized.parquet")
     p.add_argument("--genes", required=True, help="annotation (TSV, GTF or BED)")
