@@ -199,13 +199,15 @@ def test_narrow_matrices_are_written_in_row_groups_of_bounded_rows(tmp_path, mon
     np.testing.assert_array_equal(read_matrix_parquet(path).to_numpy(), values)
 
 
-def test_dense_columns_are_byte_stream_split_sparse_ones_keep_their_dictionary(tmp_path):
+def test_dense_columns_are_byte_stream_split_sparse_ones_plain_none_a_dictionary(tmp_path):
     rng = np.random.default_rng(0)
     n = 8192
     dense = rng.normal(size=n).astype(np.float32)
-    sparse_log = np.where(rng.random(n) < 0.9, 0, np.log1p(rng.integers(1, 50, n))).astype(
-        np.float32
-    )
+    # Log-expression: each sample's library size makes its values its own.
+    library = rng.uniform(500, 5000, n)
+    sparse_log = np.where(
+        rng.random(n) < 0.8, 0, np.log1p(rng.integers(1, 50, n) / library * 1e4)
+    ).astype(np.float32)
     path = tmp_path / "m.parquet"
     values = np.column_stack([dense, sparse_log])
     write_matrix_parquet(path, values, pd.Index([f"s{i}" for i in range(n)]), pd.Index(["d", "s"]))
@@ -214,11 +216,12 @@ def test_dense_columns_are_byte_stream_split_sparse_ones_keep_their_dictionary(t
     # Dense: the float encoding, which zstd compresses below the raw floats (plain or a
     # dictionary that overflows write them at or above it).
     assert "BYTE_STREAM_SPLIT" in chunks["d"].encodings
-    assert "RLE_DICTIONARY" not in chunks["d"].encodings
     assert chunks["d"].total_compressed_size < 0.97 * dense.nbytes
-    # Sparse log-expression (49 distinct values) keeps its dictionary: far below raw.
-    assert "RLE_DICTIONARY" in chunks["s"].encodings
-    assert chunks["s"].total_compressed_size < 0.2 * sparse_log.nbytes
+    # Sparse: plain, whose runs of zeros zstd takes far below raw.
+    assert "BYTE_STREAM_SPLIT" not in chunks["s"].encodings
+    assert chunks["s"].total_compressed_size < 0.4 * sparse_log.nbytes
+    for chunk in chunks.values():
+        assert "RLE_DICTIONARY" not in chunk.encodings and "PLAIN_DICTIONARY" not in chunk.encodings
     np.testing.assert_array_equal(read_matrix_parquet(path).to_numpy(), values)
 
 
@@ -478,7 +481,7 @@ def test_row_groups_after_the_first_read_back_through_pandas_as_written(tmp_path
     # parquet reader.
     rng = np.random.default_rng(1)
     values = rng.normal(size=(N_SAMPLES, N_GENES)).astype(np.float32)
-    values[values < 0.3] = 0  # dictionary-encoded columns beside byte-stream-split ones
+    values[values < 0.3] = 0  # plain columns beside byte-stream-split ones
     frame = pd.DataFrame(
         values,
         index=pd.Index([f"s{i}" for i in range(N_SAMPLES)], name="sample_id"),

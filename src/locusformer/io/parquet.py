@@ -53,22 +53,18 @@ ROW_GROUP_BYTES = 1 << 27
 #: values and as many id strings held at 1M samples, growing with the samples.
 ROW_GROUP_ROWS = 1 << 16
 
-#: Largest dictionary page of a column chunk before arrow falls back to plain encoding.
-#: Arrow's default (1 MiB) is never reached by a float32 column of a 16k-row group, so every
-#: chunk was dictionary-encoded: dense values (corrected matrices) were hashed one by one
-#: into files larger than the raw floats (178 MiB for a 128 MiB group, written in 3.7 s
-#: against 0.8 s plain). 8 KiB keeps the dictionary for sparse log-expression, whose
-#: columns hold few distinct values, and drops it early for dense ones (measured:
-#: ``benchmarks/parquet_encoding.py``).
-DICTIONARY_PAGE_BYTES = 1 << 13
-
-#: Fraction of exact zeros in a gene's first row group from which its column is
-#: dictionary-encoded (log-expression of counts: few distinct values); below it, the column
-#: is written with BYTE_STREAM_SPLIT, parquet's encoding for floats, which puts the
-#: values' exponent bytes together where zstd finds something to compress. On a dense
-#: 128 MiB row group it wrote in 0.33 s against 0.54 s plain, into 119 MiB against 125,
-#: and read faster; on log-counts at 70% zeros the dictionary stays better (25 MiB
-#: against 51; measured: ``benchmarks/parquet_encoding.py``).
+#: Fraction of exact zeros in a gene's first row group from which its column is written
+#: plain; below it, with BYTE_STREAM_SPLIT, parquet's encoding for floats, which puts the
+#: values' exponent bytes together where zstd finds something to compress (a dense 128 MiB
+#: row group: 119 MiB against 125 plain, and faster to read). No column is
+#: dictionary-encoded: arrow's dictionary (1 MiB a page by default) hashed every value of
+#: dense columns into files larger than the raw floats (178 MiB for that group, written in
+#: 3.7 s against 0.8 s), and even with pages of 8 KiB, on sparse log-expression, whose
+#: values differ from sample to sample with the library size, it cost a third more time
+#: to write for files as large or larger: 0.72 s against 0.45 s and 31 MiB against 28 for
+#: a group of the simulated million, 0.14 against 0.09 s and 4.3 MiB against 3.9 for
+#: CellBench's five sets. Only integer counts (scVI's input) lose by it: 10 MiB against 7
+#: (all measured: ``benchmarks/parquet_encoding.py``).
 SPARSE_ZEROS = 0.5
 
 
@@ -77,8 +73,7 @@ def _column_encoding(values: np.ndarray, columns: pd.Index) -> dict[str, Any]:
     rows = max(1, values.shape[1])
     sparse = 1.0 - np.count_nonzero(values, axis=1) / rows >= SPARSE_ZEROS
     return {
-        "use_dictionary": columns[sparse].tolist(),
-        "dictionary_pagesize_limit": DICTIONARY_PAGE_BYTES,
+        "use_dictionary": False,
         "column_encoding": dict.fromkeys(columns[~sparse], "BYTE_STREAM_SPLIT"),
     }
 
