@@ -265,6 +265,20 @@ def open_matrix_parquet(path: PathLike, what: str = "matrix") -> tuple[pq.Parque
     return handle, genes
 
 
+def read_matrix_ids(path: PathLike, what: str = "matrix") -> tuple[pd.Index, list[str]]:
+    """The sample ids (index ``sample_id``) and gene columns of a matrix, its values left
+    unread."""
+    handle, genes = open_matrix_parquet(path, what)
+    try:
+        column = handle.read(columns=["sample_id"]).column("sample_id")
+    finally:
+        handle.close()  # its footer (0.1 GB at 1M samples) goes before the ids come
+    # Without arrow's de-duplication of the strings: ids are unique, and its hash table
+    # stayed as heap that the process kept (0.15 GB at 1M samples, measured).
+    ids = column.to_pandas(deduplicate_objects=False)
+    return pd.Index(ids.astype(str), name="sample_id"), genes
+
+
 def read_matrix_parquet(path: PathLike, what: str = "matrix") -> pd.DataFrame:
     """Read a samples x genes float32 parquet written by :func:`write_matrix_parquet`.
 

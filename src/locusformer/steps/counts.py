@@ -35,13 +35,9 @@ def run_counts(
 
     from locusformer.errors import InputError
     from locusformer.io.expression import open_expression
-    from locusformer.io.parquet import matrix_parquet_writer, open_matrix_parquet
+    from locusformer.io.parquet import matrix_parquet_writer, read_matrix_ids
 
-    handle, genes = open_matrix_parquet(normalized, "normalized matrix")
-    try:
-        ids = pd.Index(handle.read(columns=["sample_id"]).column(0).to_pylist(), dtype=object)
-    finally:
-        handle.close()
+    ids, genes = read_matrix_ids(normalized, "normalized matrix")
     wanted = pd.Index(genes if value_type == "counts" else [], dtype=object)
     with open_expression(expression, layer=layer) as source:
         if len(source.obs_names) != len(ids):
