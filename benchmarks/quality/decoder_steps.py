@@ -21,7 +21,6 @@ batch, bio, total, seconds (training plus the decoder's steps).
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probes import append_row, datasets, score_matrix
+from probes import append_row, each_dataset, probe_parser, score_matrix
 
 
 def fit_decoder(model, X, codes: np.ndarray, steps: int, seed: int, lr: float = 1e-3) -> None:
@@ -98,20 +97,10 @@ def run(name, adata, loci, keys, seed, step_list, out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--scenarios", nargs="*", default=[])
-    parser.add_argument("--tasks", nargs="*", default=[])
-    parser.add_argument("--tasks-work", type=Path, default=Path("/work/qwork"))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser = probe_parser(__doc__)
     parser.add_argument("--steps", nargs="+", type=int, default=[0, 200, 500])
     args = parser.parse_args()
-    import torch
-
-    torch.set_num_threads(1)
-    for name, adata, loci, keys, seed in datasets(
-        args.scenarios, args.tasks, args.tasks_work, args.seeds
-    ):
+    for name, adata, loci, keys, seed in each_dataset(args):
         run(name, adata, loci, keys, seed, args.steps, args.out)
 
 

@@ -1,12 +1,14 @@
 """What the in-process probes of issue 38 share: the data sets they run on (simulated
-scenarios and prepared CellBench tasks) and the scoring of a corrected matrix into one
-row of their output file.
+scenarios and prepared CellBench tasks) and their command-line arguments, and the scoring
+of a corrected matrix into one row of their output file.
 
-Used by ``pseudo_levels.py`` and ``decoder_steps.py``; each adds its own columns.
+Used by ``pseudo_levels.py``, ``decoder_steps.py`` and ``residual_combat.py``; each adds its
+own arguments and columns.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -15,6 +17,26 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "simulated"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "quality"))
+
+
+def probe_parser(doc: str) -> argparse.ArgumentParser:
+    """A probe's parser (described by the first line of ``doc``) with the arguments every
+    probe takes: ``--out`` and the data sets (:func:`each_dataset`)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--scenarios", nargs="*", default=[])
+    parser.add_argument("--tasks", nargs="*", default=[])
+    parser.add_argument("--tasks-work", type=Path, default=Path("/work/qwork"))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    return parser
+
+
+def each_dataset(args: argparse.Namespace) -> Iterator[tuple[str, object, object, tuple, int]]:
+    """:func:`datasets` for a :func:`probe_parser`'s arguments, torch on one thread."""
+    import torch
+
+    torch.set_num_threads(1)
+    yield from datasets(args.scenarios, args.tasks, args.tasks_work, args.seeds)
 
 
 def datasets(

@@ -25,7 +25,6 @@ nothing in training reads a label).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -38,7 +37,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "simulated"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "quality"))
 
-from probes import append_row, datasets, score_matrix  # noqa: E402
+from probes import append_row, each_dataset, probe_parser, score_matrix  # noqa: E402
 
 
 def _kmeans(x: np.ndarray, n_clusters: int, seed: int) -> np.ndarray:
@@ -114,22 +113,12 @@ def run(name, adata, loci, keys, seed, clusters, training, out: Path, quick="com
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--scenarios", nargs="*", default=[])
-    parser.add_argument("--tasks", nargs="*", default=[])
-    parser.add_argument("--tasks-work", type=Path, default=Path("/work/qwork"))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser = probe_parser(__doc__)
     parser.add_argument("--clusters", nargs="+", type=int, default=[8], help="0: the default")
     parser.add_argument("--training", type=json.loads, default=None, help="JSON overrides")
     parser.add_argument("--quick", choices=["combat", "cross"], default="combat")
     args = parser.parse_args()
-    import torch
-
-    torch.set_num_threads(1)
-    for name, adata, loci, keys, seed in datasets(
-        args.scenarios, args.tasks, args.tasks_work, args.seeds
-    ):
+    for name, adata, loci, keys, seed in each_dataset(args):
         run(name, adata, loci, keys, seed, args.clusters, args.training, args.out, args.quick)
 
 

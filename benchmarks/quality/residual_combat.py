@@ -25,7 +25,6 @@ batch, bio, total, seconds (training).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probes import append_row, datasets, score_matrix
+from probes import append_row, each_dataset, probe_parser, score_matrix
 
 VARIANTS = ("default", "residual", "residual_mean", "residual_combat", "residual_structured")
 
@@ -81,7 +80,7 @@ def outputs(model, X, codes: np.ndarray) -> dict[str, np.ndarray]:
         "default": 0.0,
         "residual": residual,
         "residual_mean": centred,
-        "residual_combat": combat(residual.copy(), codes),
+        "residual_combat": combat(residual, codes),  # into a new array
         "residual_structured": kept,
     }
     return {
@@ -106,19 +105,9 @@ def run(name, adata, loci, keys, seed, out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--scenarios", nargs="*", default=[])
-    parser.add_argument("--tasks", nargs="*", default=[])
-    parser.add_argument("--tasks-work", type=Path, default=Path("/work/qwork"))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser = probe_parser(__doc__)
     args = parser.parse_args()
-    import torch
-
-    torch.set_num_threads(1)
-    for name, adata, loci, keys, seed in datasets(
-        args.scenarios, args.tasks, args.tasks_work, args.seeds
-    ):
+    for name, adata, loci, keys, seed in each_dataset(args):
         run(name, adata, loci, keys, seed, args.out)
 
 
