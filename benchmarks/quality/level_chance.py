@@ -48,20 +48,20 @@ VARIANTS = ("default", "chance")
 def level_batch_share_chance(z: Tensor, batch: Tensor, levels: Tensor, n_batches: int) -> Tensor:
     """:func:`~locusformer.model.losses.level_batch_share` less its expectation under
     permuted batch labels, per level, kept above zero."""
+    from locusformer.model.losses import level_means
+
     z = z.float()
-    n_levels = int(levels.max()) + 1
-    cell = levels * n_batches + batch  # (B,)
-    onehot_c = F.one_hot(cell, n_levels * n_batches).float()  # (B, M*N)
-    onehot_l = F.one_hot(levels, n_levels).float()  # (B, M)
-    counts_c = onehot_c.sum(dim=0)  # (M*N,)
-    counts_l = onehot_l.sum(dim=0)  # (M,)
-    means_c = (onehot_c.T @ z) / counts_c.clamp_min(1.0)[:, None]  # (M*N, Z)
-    means_l = (onehot_l.T @ z) / counts_l.clamp_min(1.0)[:, None]  # (M, Z)
-    cells = (counts_c.reshape(n_levels, n_batches) > 0).sum(dim=1).float()  # (M,)
-    between = onehot_l.T @ (means_c[cell] - means_l[levels]).pow(2).sum(-1)  # (M,)
-    within = onehot_l.T @ (z - means_l[levels]).pow(2).sum(-1)  # (M,)
-    chance = (cells - 1.0) / (counts_l - 1.0).clamp_min(1.0)
-    informative = ((cells >= 2) & (counts_l > cells)).float()
+    m = level_means(z, batch, levels, n_batches)
+    n_levels = len(m.level_size)
+
+    def per_level(values: Tensor) -> Tensor:  # (B,) summed into (M,)
+        return torch.zeros(n_levels, dtype=values.dtype).index_add(0, levels, values)
+
+    between = per_level((m.cell - m.level).pow(2).sum(-1))  # (M,)
+    within = per_level((z - m.level).pow(2).sum(-1))  # (M,)
+    cells = m.batches_held.float()
+    chance = (cells - 1.0) / (m.level_size - 1.0).clamp_min(1.0)
+    informative = ((cells >= 2) & (m.level_size > cells)).float()
     excess = informative * F.relu(between - chance * within.detach())
     total = (z - z.mean(dim=0)).pow(2).sum()
     return excess.sum() / total.clamp_min(1e-8)

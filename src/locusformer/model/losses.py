@@ -239,6 +239,25 @@ def level_batch_share(z: Tensor, batch: Tensor, levels: Tensor, n_batches: int) 
     another, and the former most cheaply by moving the levels apart.
     """
     z = z.float()
+    m = level_means(z, batch, levels, n_batches)
+    kept = (m.batches_held >= 2).float()[levels]  # (B,)
+    between = (kept * (m.cell - m.level).pow(2).sum(-1)).sum()
+    total = (z - z.mean(dim=0)).pow(2).sum()
+    return between / total.clamp_min(1e-8)
+
+
+class LevelMeans(NamedTuple):
+    """What :func:`level_means` returns."""
+
+    cell: Tensor  # (B, Z) the mean of each sample's (level, batch) cell
+    level: Tensor  # (B, Z) the mean of each sample's level
+    batches_held: Tensor  # (M,) batches with a sample in each level
+    level_size: Tensor  # (M,) samples in each level
+
+
+def level_means(z: Tensor, batch: Tensor, levels: Tensor, n_batches: int) -> LevelMeans:
+    """Each sample's (level, batch) and level means of ``z`` (B, Z, float), and how many
+    batches and samples each level holds in the minibatch."""
     n_levels = int(levels.max()) + 1
     cell = levels * n_batches + batch  # (B,) the (level, batch) of each sample
     onehot_c = F.one_hot(cell, n_levels * n_batches).float()  # (B, M*N)
@@ -248,10 +267,7 @@ def level_batch_share(z: Tensor, batch: Tensor, levels: Tensor, n_batches: int) 
     means_c = (onehot_c.T @ z) / counts_c.clamp_min(1.0)[:, None]  # (M*N, Z)
     means_l = (onehot_l.T @ z) / counts_l.clamp_min(1.0)[:, None]  # (M, Z)
     batches_held = (counts_c.reshape(n_levels, n_batches) > 0).sum(dim=1)  # (M,)
-    kept = (batches_held >= 2).float()[levels]  # (B,)
-    between = (kept * (means_c[cell] - means_l[levels]).pow(2).sum(-1)).sum()
-    total = (z - z.mean(dim=0)).pow(2).sum()
-    return between / total.clamp_min(1e-8)
+    return LevelMeans(means_c[cell], means_l[levels], batches_held, counts_l)
 
 
 def batch_mmd(z: Tensor, batch: Tensor, n_batches: int) -> Tensor:
