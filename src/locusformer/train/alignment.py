@@ -308,9 +308,6 @@ def input_levels(
     """
     from sklearn.cluster import KMeans
 
-    from locusformer.pp.combat import combat
-    from locusformer.pp.pca import n_pcs, pca
-
     codes = np.asarray(codes)
     n = len(codes)
     rows = np.arange(n)
@@ -319,17 +316,9 @@ def input_levels(
     counts = np.bincount(codes[rows])
     if (counts > 0).sum() < 2 or counts[counts > 0].min() < 2:
         return None
-    quick = combat(np.asarray(X[rows], dtype=np.float32), codes[rows])  # written to a new array
-    ratio = structure_ratio(quick, seed)
-    if ratio < INPUT_STRUCTURE_RATIO:
-        log.info(
-            "input clusters: the batch-corrected input holds no structure to cluster "
-            "(main axis %.1f times that of shuffled genes); left to the latent's clusters",
-            ratio,
-        )
+    scores = quick_scores(np.asarray(X[rows], dtype=np.float32), codes[rows], seed)
+    if scores is None:
         return None
-    quick = mnn_recentred(quick, codes[rows], seed)
-    scores = pca(quick, n_pcs(*quick.shape), seed)
     k = max(1, min(n_clusters, len(rows)))
     found = KMeans(k, n_init=10, random_state=seed).fit_predict(scores).astype(np.int64)
     if len(rows) == n:
@@ -338,6 +327,27 @@ def input_levels(
     levels[rows] = found
     _fill_from_sampled(levels, _pca(X, rows, MNN_PCS, seed), codes, rows)
     return levels
+
+
+def quick_scores(x: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray | None:
+    """Principal-component scores of ``x`` (samples x loci, float32) corrected quickly and
+    without labels: ComBat, then each batch re-centred on its mutual nearest neighbours
+    (:func:`mnn_recentred`). None where the corrected matrix holds no structure above
+    that of shuffled loci (:data:`INPUT_STRUCTURE_RATIO`): its clusters would be noise."""
+    from locusformer.pp.combat import combat
+    from locusformer.pp.pca import n_pcs, pca
+
+    quick = combat(x, codes)  # written to a new array
+    ratio = structure_ratio(quick, seed)
+    if ratio < INPUT_STRUCTURE_RATIO:
+        log.info(
+            "input clusters: the batch-corrected input holds no structure to cluster "
+            "(main axis %.1f times that of shuffled genes); left to the latent's clusters",
+            ratio,
+        )
+        return None
+    quick = mnn_recentred(quick, codes, seed)
+    return pca(quick, n_pcs(*quick.shape), seed)
 
 
 def mnn_recentred(x: np.ndarray, codes: np.ndarray, seed: int, *, k: int = MNN_K) -> np.ndarray:
