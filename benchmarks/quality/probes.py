@@ -2,8 +2,8 @@
 scenarios and prepared CellBench tasks) and their command-line arguments, and the scoring
 of a corrected matrix into one row of their output file.
 
-Used by ``pseudo_levels.py``, ``decoder_steps.py``, ``residual_combat.py`` and
-``level_chance.py``; each adds its own arguments and columns.
+Used by ``pseudo_levels.py``, ``decoder_steps.py``, ``residual_combat.py``,
+``level_chance.py`` and ``level_links.py``; each adds its own arguments and columns.
 """
 
 from __future__ import annotations
