@@ -18,6 +18,12 @@ trajectory) share a tenth of their pairs or more, and joining them into one or t
 clusters lost 0.10 on ``mixtures`` (seed 0). A cluster with no partners (biology one
 batch alone holds) stays.
 
+Two more variants read contiguity within each batch, where there is no batch effect to
+fake it: ``within`` joins on nearest-neighbour edges inside each batch in place of the
+pairs, ``both`` on the pairs and those edges together (a refinement of ``linked``).
+Small batches defeat ``within``: with a few samples a batch, a sample's nearest ones of
+its own batch are of other groups.
+
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/level_links.py --out OUT.tsv \\
         --scenarios middle mixtures trajectory --train
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/level_links.py --out OUT.tsv \\
@@ -65,6 +71,24 @@ def pair_links(scores: np.ndarray, codes: np.ndarray, found: np.ndarray) -> np.n
     return links + links.T
 
 
+def within_links(scores: np.ndarray, codes: np.ndarray, found: np.ndarray) -> np.ndarray:
+    """(K, K) nearest-neighbour edges within each batch between the clusters ``found``:
+    entry (a, c) counts edges from a sample of cluster a to one of its batch's own
+    nearest samples in cluster c. Within a batch there is no batch effect, so two
+    clusters with many such edges are one stretch of biology that the boundary cuts."""
+    from locusformer.train.alignment import MNN_K, MNN_SMALL_SHARE, _knn
+
+    unit = scores / np.maximum(np.linalg.norm(scores, axis=1, keepdims=True), 1e-12)
+    k = int(found.max()) + 1
+    links = np.zeros((k, k))
+    for b in np.unique(codes):
+        mine = np.flatnonzero(codes == b)
+        kk = max(1, min(MNN_K, int(np.ceil(MNN_SMALL_SHARE * len(mine)))))
+        near = _knn(unit[mine], unit[mine], kk + 1)[:, 1:]  # itself left out
+        np.add.at(links, (np.repeat(found[mine], near.shape[1]), found[mine[near.ravel()]]), 1.0)
+    return links + links.T
+
+
 def batch_apart(codes: np.ndarray, found: np.ndarray) -> np.ndarray:
     """(K, K) total-variation distance between the clusters' batch compositions: 1 where
     two clusters share no batch, 0 where their batches come in the same proportions."""
@@ -75,21 +99,28 @@ def batch_apart(codes: np.ndarray, found: np.ndarray) -> np.ndarray:
     return 0.5 * np.abs(mix[:, None, :] - mix[None, :, :]).sum(axis=2)
 
 
+def _near(links: np.ndarray, share: float) -> np.ndarray:
+    """(K, K) bool: the links between two clusters are at least ``share`` of either's."""
+    total = np.maximum(links.sum(axis=1), 1.0)
+    return (links / total[:, None] >= share) | (links / total[None, :] >= share)
+
+
 def linked(
     found: np.ndarray,
-    links: np.ndarray,
+    links: np.ndarray | list[np.ndarray],
     codes: np.ndarray,
     share: float = LINK_SHARE,
     apart: float = BATCH_APART,
 ) -> np.ndarray:
-    """``found`` with every two clusters joined (transitively) whose pairs between them
-    are at least ``share`` of the pairs of either and whose batch compositions are at
-    least ``apart`` apart (the boundary between them follows the batch), renumbered 0.."""
+    """``found`` with every two clusters joined (transitively) whose links between them
+    are at least ``share`` of the links of either (in every matrix of ``links``) and
+    whose batch compositions are at least ``apart`` apart (the boundary between them
+    follows the batch), renumbered 0.."""
     from scipy.sparse.csgraph import connected_components
 
-    total = np.maximum(links.sum(axis=1), 1.0)
-    near = (links / total[:, None] >= share) | (links / total[None, :] >= share)
-    joined = near & (batch_apart(codes, found) >= apart)
+    joined = batch_apart(codes, found) >= apart
+    for matrix in links if isinstance(links, list) else [links]:
+        joined &= _near(matrix, share)
     _, component = connected_components(joined, directed=False)
     return np.unique(component[found], return_inverse=True)[1].astype(np.int64)
 
@@ -147,8 +178,28 @@ def linked_levels(variant: str):
             return None
         return linked(found, pair_links(scores, codes, found), codes)
 
+    def merged_within(X, codes, n_clusters, seed):
+        codes = np.asarray(codes)
+        found, scores = quick_clusters(np.asarray(X), codes, n_clusters, seed)
+        if found is None or np.bincount(codes).min() < 2:
+            return None
+        return linked(found, within_links(scores, codes, found), codes)
+
     if variant == "linked":
         loop.input_levels = merged
+
+    def merged_both(X, codes, n_clusters, seed):
+        codes = np.asarray(codes)
+        found, scores = quick_clusters(np.asarray(X), codes, n_clusters, seed)
+        if found is None or np.bincount(codes).min() < 2:
+            return None
+        links = [pair_links(scores, codes, found), within_links(scores, codes, found)]
+        return linked(found, links, codes)
+
+    if variant == "within":
+        loop.input_levels = merged_within
+    if variant == "both":
+        loop.input_levels = merged_both
     try:
         yield
     finally:
@@ -173,12 +224,23 @@ def run(name, adata, loci, keys, seed, out: Path, train: bool, variants) -> None
     print(f"  merged into {merged.max() + 1} clusters", end="")
     others = [linked(found, links, codes, apart=t).max() + 1 for t in (0.3, 0.7)]
     print(f"  (batches apart 0.3 / 0.7: {others[0]} / {others[1]})")
-    if not train or merged.max() == found.max():
+    edges = within_links(scores, codes, found)
+    within = linked(found, edges, codes)
+    both = linked(found, [links, edges], codes)
+    print(f"  joined by within-batch edges: {within.max() + 1}, by both: {both.max() + 1}")
+    if not train:
         return
     uncorrected = run_method("uncorrected", adata.copy(), batch_key, 0)
     batches = adata.obs[batch_key].astype(str).tolist()
-    clusters = {"default": found.max() + 1, "linked": merged.max() + 1}
+    clusters = {
+        "default": found.max() + 1,
+        "linked": merged.max() + 1,
+        "within": within.max() + 1,
+        "both": both.max() + 1,
+    }
     for variant in variants:
+        if variant != "default" and clusters[variant] == clusters["default"]:
+            continue
         start = time.perf_counter()
         with linked_levels(variant):
             model, _ = train_corrector(adata.X, batches, loci, None, seed=seed, progress=False)
@@ -214,12 +276,18 @@ def scale_data(folder: Path, seed: int, max_samples: int) -> None:
     describe(f"{folder.name} seed {seed}", codes, labels, found, links)
     merged = linked(found, links, codes)
     print(f"  merged into {merged.max() + 1} clusters")
+    edges = within_links(scores, codes, found)
+    within, both = linked(found, edges, codes), linked(found, [links, edges], codes)
+    print(f"  joined by within-batch edges: {within.max() + 1}, by both: {both.max() + 1}")
 
 
 def main() -> None:
     parser = probe_parser(__doc__)
     parser.add_argument("--train", action="store_true")
-    parser.add_argument("--variants", nargs="+", default=["default", "linked"])
+    parser.add_argument(
+        "--variants", nargs="+", default=["default", "linked"],
+        choices=["default", "linked", "within", "both"],
+    )  # fmt: skip
     parser.add_argument("--scale", type=Path, default=None)
     parser.add_argument("--max-samples", type=int, default=20_000)
     args = parser.parse_args()
