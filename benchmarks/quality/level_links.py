@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -54,13 +55,18 @@ LINK_SHARE = 0.1
 BATCH_APART = 0.5
 
 
+def _unit(scores: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (cosine distance, as the alignment's own PCA uses)."""
+    return scores / np.maximum(np.linalg.norm(scores, axis=1, keepdims=True), 1e-12)
+
+
 def pair_links(scores: np.ndarray, codes: np.ndarray, found: np.ndarray) -> np.ndarray:
     """(K, K) mutual nearest-neighbour pairs across batches between the clusters
     ``found``, on unit-length ``scores``: entry (a, c) counts pairs of a sample of
     cluster a with its partner of another batch in cluster c, from both sides."""
     from locusformer.train.alignment import MNN_K, _mutual_neighbours
 
-    unit = scores / np.maximum(np.linalg.norm(scores, axis=1, keepdims=True), 1e-12)
+    unit = _unit(scores)
     k = int(found.max()) + 1
     links = np.zeros((k, k))
     for b in np.unique(codes):
@@ -78,7 +84,7 @@ def within_links(scores: np.ndarray, codes: np.ndarray, found: np.ndarray) -> np
     clusters with many such edges are one stretch of biology that the boundary cuts."""
     from locusformer.train.alignment import MNN_K, MNN_SMALL_SHARE, _knn
 
-    unit = scores / np.maximum(np.linalg.norm(scores, axis=1, keepdims=True), 1e-12)
+    unit = _unit(scores)
     k = int(found.max()) + 1
     links = np.zeros((k, k))
     for b in np.unique(codes):
@@ -107,19 +113,19 @@ def _near(links: np.ndarray, share: float) -> np.ndarray:
 
 def linked(
     found: np.ndarray,
-    links: np.ndarray | list[np.ndarray],
+    links: Sequence[np.ndarray],
     codes: np.ndarray,
     share: float = LINK_SHARE,
     apart: float = BATCH_APART,
 ) -> np.ndarray:
     """``found`` with every two clusters joined (transitively) whose links between them
-    are at least ``share`` of the links of either (in every matrix of ``links``) and
+    are at least ``share`` of the links of either, in every matrix of ``links``, and
     whose batch compositions are at least ``apart`` apart (the boundary between them
     follows the batch), renumbered 0.."""
     from scipy.sparse.csgraph import connected_components
 
     joined = batch_apart(codes, found) >= apart
-    for matrix in links if isinstance(links, list) else [links]:
+    for matrix in links:
         joined &= _near(matrix, share)
     _, component = connected_components(joined, directed=False)
     return np.unique(component[found], return_inverse=True)[1].astype(np.int64)
@@ -159,51 +165,63 @@ def quick_clusters(x: np.ndarray, codes: np.ndarray, n_clusters: int, seed: int)
     return found, scores
 
 
+#: The links each variant joins clusters on (all of them must say "near").
+VARIANT_LINKS = {
+    "linked": (pair_links,),
+    "within": (within_links,),
+    "both": (pair_links, within_links),
+}
+
+
+def joins(found: np.ndarray, scores: np.ndarray, codes: np.ndarray) -> dict[str, np.ndarray]:
+    """Each variant's joined clusters of ``found``, and ``found`` itself as the default."""
+    links = {f: f(scores, codes, found) for f in (pair_links, within_links)}
+    out = {"default": found}
+    for variant, kinds in VARIANT_LINKS.items():
+        out[variant] = linked(found, [links[f] for f in kinds], codes)
+    return out
+
+
 @contextmanager
 def linked_levels(variant: str):
-    """Training's input clusters replaced by the merged ones for the duration."""
+    """Training's input clusters replaced by ``variant``'s joined ones for the duration."""
     from locusformer.train import loop
     from locusformer.train.alignment import INPUT_MAX_SAMPLES
 
     original = loop.input_levels
 
-    def merged(X, codes, n_clusters, seed):
+    def joined(X, codes, n_clusters, seed):
         codes = np.asarray(codes)
         if len(codes) > INPUT_MAX_SAMPLES:
-            raise ValueError("the probe merges clusters of data sets it clusters whole")
+            raise ValueError("the probe joins clusters of data sets it clusters whole")
         if np.bincount(codes).min() < 2:
             return None
         found, scores = quick_clusters(np.asarray(X), codes, n_clusters, seed)
         if found is None:
             return None
-        return linked(found, pair_links(scores, codes, found), codes)
-
-    def merged_within(X, codes, n_clusters, seed):
-        codes = np.asarray(codes)
-        found, scores = quick_clusters(np.asarray(X), codes, n_clusters, seed)
-        if found is None or np.bincount(codes).min() < 2:
-            return None
-        return linked(found, within_links(scores, codes, found), codes)
-
-    if variant == "linked":
-        loop.input_levels = merged
-
-    def merged_both(X, codes, n_clusters, seed):
-        codes = np.asarray(codes)
-        found, scores = quick_clusters(np.asarray(X), codes, n_clusters, seed)
-        if found is None or np.bincount(codes).min() < 2:
-            return None
-        links = [pair_links(scores, codes, found), within_links(scores, codes, found)]
+        links = [f(scores, codes, found) for f in VARIANT_LINKS[variant]]
         return linked(found, links, codes)
 
-    if variant == "within":
-        loop.input_levels = merged_within
-    if variant == "both":
-        loop.input_levels = merged_both
+    if variant != "default":
+        loop.input_levels = joined
     try:
         yield
     finally:
         loop.input_levels = original
+
+
+def show(name: str, codes: np.ndarray, labels: np.ndarray, found, scores) -> dict[str, int]:
+    """Print a data set's clusters and how many each variant leaves; returns those counts."""
+    pairs = pair_links(scores, codes, found)
+    describe(name, codes, labels, found, pairs)
+    counts = {v: int(levels.max()) + 1 for v, levels in joins(found, scores, codes).items()}
+    others = [linked(found, [pairs], codes, apart=t).max() + 1 for t in (0.3, 0.7)]
+    print(
+        f"  clusters joined by pairs {counts['linked']} (batches apart 0.3 / 0.7: "
+        f"{others[0]} / {others[1]}), within-batch edges {counts['within']}, "
+        f"both {counts['both']}"
+    )
+    return counts
 
 
 def run(name, adata, loci, keys, seed, out: Path, train: bool, variants) -> None:
@@ -217,27 +235,12 @@ def run(name, adata, loci, keys, seed, out: Path, train: bool, variants) -> None
     if found is None:
         print(f"== {name} seed {seed}: no input clusters")
         return
-    links = pair_links(scores, codes, found)
-    merged = linked(found, links, codes)
     labels = adata.obs[label_key].astype(str).to_numpy()
-    describe(f"{name} seed {seed}", codes, labels, found, links)
-    print(f"  merged into {merged.max() + 1} clusters", end="")
-    others = [linked(found, links, codes, apart=t).max() + 1 for t in (0.3, 0.7)]
-    print(f"  (batches apart 0.3 / 0.7: {others[0]} / {others[1]})")
-    edges = within_links(scores, codes, found)
-    within = linked(found, edges, codes)
-    both = linked(found, [links, edges], codes)
-    print(f"  joined by within-batch edges: {within.max() + 1}, by both: {both.max() + 1}")
+    clusters = show(f"{name} seed {seed}", codes, labels, found, scores)
     if not train:
         return
     uncorrected = run_method("uncorrected", adata.copy(), batch_key, 0)
     batches = adata.obs[batch_key].astype(str).tolist()
-    clusters = {
-        "default": found.max() + 1,
-        "linked": merged.max() + 1,
-        "within": within.max() + 1,
-        "both": both.max() + 1,
-    }
     for variant in variants:
         if variant != "default" and clusters[variant] == clusters["default"]:
             continue
@@ -271,14 +274,8 @@ def scale_data(folder: Path, seed: int, max_samples: int) -> None:
     codes = normalized.obs["batch"].astype("category").cat.codes.to_numpy().astype(np.int64)
     x = normalized.X.toarray() if hasattr(normalized.X, "toarray") else normalized.X
     found, scores = quick_clusters(x, codes, 8, seed)
-    links = pair_links(scores, codes, found)
     labels = normalized.obs["group"].astype(str).to_numpy()
-    describe(f"{folder.name} seed {seed}", codes, labels, found, links)
-    merged = linked(found, links, codes)
-    print(f"  merged into {merged.max() + 1} clusters")
-    edges = within_links(scores, codes, found)
-    within, both = linked(found, edges, codes), linked(found, [links, edges], codes)
-    print(f"  joined by within-batch edges: {within.max() + 1}, by both: {both.max() + 1}")
+    show(f"{folder.name} seed {seed}", codes, labels, found, scores)
 
 
 def main() -> None:
@@ -286,7 +283,7 @@ def main() -> None:
     parser.add_argument("--train", action="store_true")
     parser.add_argument(
         "--variants", nargs="+", default=["default", "linked"],
-        choices=["default", "linked", "within", "both"],
+        choices=["default", *VARIANT_LINKS],
     )  # fmt: skip
     parser.add_argument("--scale", type=Path, default=None)
     parser.add_argument("--max-samples", type=int, default=20_000)
