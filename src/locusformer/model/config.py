@@ -266,6 +266,11 @@ class TrainConfig:
     # one step an epoch). Off: it lowered CellBench's pseudo-bulk (docs/notes/2026-12-05.md).
     # 0: an epoch is a pass.
     min_epoch_steps: int = 0
+    # A run planned at fewer optimizer steps than this whose decoder reconstructs less
+    # than half of the structure the data hold above noise is trained again with
+    # min_steps set to it (train.refit): a floor only where the decoder has not learned.
+    # 0: never.
+    refit_steps: int = 0
     warmup_fraction: float = 0.05  # of all steps, then cosine decay to 0
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
     val_fraction: float = 0.1  # held out, stratified by batch; 0 disables validation
@@ -311,6 +316,7 @@ class TrainConfig:
             "max_steps": lambda v: v >= 1,
             "min_steps": lambda v: v >= 0,
             "min_epoch_steps": lambda v: v >= 0,
+            "refit_steps": lambda v: v >= 0,
             "warmup_fraction": lambda v: 0 <= v < 1,
             "grad_clip": lambda v: v >= 0,
             "val_fraction": lambda v: 0 <= v < 1,

@@ -9,6 +9,8 @@ decides when each of its terms weighs what, and steps the optimizer.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import os
 import sys
@@ -16,6 +18,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,6 +57,7 @@ from locusformer.train.data import (
 )
 from locusformer.train.distributed import Dist, gather_rows, init_distributed
 from locusformer.train.epoch_checks import check_finite, clusters_compared, loss_means, validate
+from locusformer.train.refit import REFIT_BELOW, decoder_fit
 from locusformer.train.runtime import autocast, deterministic, seed_everything
 from locusformer.train.schedule import (
     EpochPlan,
@@ -62,9 +66,12 @@ from locusformer.train.schedule import (
     epoch_minibatches,
     epoch_plan,
     loss_weights,
+    planned_steps,
     ramp_at,
     validation_rows,
 )
+
+log = logging.getLogger(__name__)
 
 HISTORY_COLUMNS = [
     "epoch",
@@ -229,10 +236,37 @@ def train_corrector(
             progress=progress,
             on_epoch_end=on_epoch_end,
         )
-        return _train(inputs, dev, dist)
+        trained, history = _train(inputs, dev, dist)
+        again = None if dist is not None else _refit_config(inputs, trained)
+        if again is not None:
+            if checkpoint_path is not None:
+                Path(checkpoint_path).unlink(missing_ok=True)  # the first run's, done
+            trained, history = _train(dataclasses.replace(inputs, tc=again), dev, dist)
+        return trained, history
     finally:
         if dist is not None and dist.owns_group:
             torch.distributed.destroy_process_group()
+
+
+def _refit_config(inputs: _RunInputs, trained: TrainedModel) -> TrainConfig | None:
+    """The configuration to train again with when the run was short and its decoder did
+    not learn the data (:mod:`locusformer.train.refit`), else None."""
+    tc = inputs.tc
+    if tc.refit_steps <= tc.min_steps:
+        return None
+    n_train = len(stratified_split(inputs.codes, tc.val_fraction, inputs.seed)[0])
+    steps = planned_steps(n_train, tc)
+    if steps >= tc.refit_steps:
+        return None
+    fit = decoder_fit(trained.module, inputs.X, inputs.codes, inputs.seed)
+    if fit is None or fit >= REFIT_BELOW:
+        return None
+    log.info(
+        "training again with at least %d steps: after %d the decoder reconstructs %.2f of "
+        "the structure above noise (below %.2f)",
+        tc.refit_steps, steps, fit, REFIT_BELOW,
+    )  # fmt: skip
+    return dataclasses.replace(tc, min_steps=tc.refit_steps)
 
 
 def _train(

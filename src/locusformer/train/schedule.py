@@ -166,3 +166,9 @@ def loss_weights(tc: TrainConfig, ramp: float) -> LossWeights:
         level_mean=tc.level_mean_weight,
         ramp=ramp,
     )
+
+
+def planned_steps(n_train: int, config: TrainConfig) -> int:
+    """Optimizer steps :func:`epoch_plan` plans on ``n_train`` samples (an extension aside)."""
+    plan = epoch_plan(n_train, config)
+    return plan.epochs * (plan.steps or math.ceil(n_train / config.batch_size))
