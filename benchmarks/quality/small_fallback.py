@@ -15,9 +15,10 @@ two cases apart, and scores both matrices:
   batch's own mean leaves (standardized loci, every sample): near 0 where the decoder
   returns little more than the batch's mean;
 - ``relative``: ``gain`` over the same share for the within-batch-centred data projected
-  on its principal components above noise (parallel analysis against every locus shuffled
-  on its own): the structure there is to learn, so about 1 where the decoder learned it
-  and near 0 where it did not, whatever the data's noise;
+  on its principal components above noise: what
+  :func:`locusformer.train.refit.decoder_fit` returns, which ``training.refit_steps``
+  acts on (its numbers in the notes of 2026-12-06 are from this probe's first version,
+  at ``f45e959``, in float32 and with another shuffle);
 - ``kept``: the mean share of each sample's 15 nearest neighbours in the quickly
   corrected input that are among its 15 nearest in the corrected matrix (50 PCs);
 - ``ratio``: :func:`~locusformer.train.alignment.structure_ratio` of the quick correction.
@@ -42,33 +43,6 @@ from probes import append_row, each_dataset, probe_parser, score_matrix
 NEIGHBOURS = 15
 
 
-def reconstruction_gain(xs: np.ndarray, own: np.ndarray, codes: np.ndarray) -> float:
-    """1 - SSE(reconstruction) / SSE(each batch's mean), over every sample and locus."""
-    centred = xs.copy()
-    for b in np.unique(codes):
-        centred[codes == b] -= xs[codes == b].mean(axis=0)
-    return float(1.0 - ((xs - own) ** 2).sum() / max((centred**2).sum(), 1e-12))
-
-
-def structured_gain(xs: np.ndarray, codes: np.ndarray, seed: int) -> float:
-    """:func:`reconstruction_gain` of the within-batch-centred data's projection on its
-    components above noise (Horn's parallel analysis; 0 when none is)."""
-    from sklearn.decomposition import PCA
-
-    centred = xs.copy()
-    for b in np.unique(codes):
-        centred[codes == b] -= xs[codes == b].mean(axis=0)
-    k = max(1, min(50, *centred.shape) - 1)
-    fit = PCA(n_components=k, random_state=seed).fit(centred)
-    null = np.random.default_rng(seed).permuted(centred, axis=0)
-    top = PCA(n_components=1, random_state=seed).fit(null).explained_variance_[0]
-    keep = int((fit.explained_variance_ > top).sum())
-    if keep == 0:
-        return 0.0
-    projected = fit.transform(centred)[:, :keep] @ fit.components_[:keep] + fit.mean_
-    return reconstruction_gain(xs, xs - centred + projected, codes)
-
-
 def neighbours_kept(a: np.ndarray, b: np.ndarray, seed: int) -> float:
     """Mean share of each row's nearest neighbours in ``a`` that are also nearest in ``b``."""
     from sklearn.neighbors import NearestNeighbors
@@ -91,6 +65,7 @@ def matrices(model, X, codes: np.ndarray, seed: int) -> tuple[dict[str, np.ndarr
     from locusformer.infer.correct import reference_code
     from locusformer.pp.combat import combat
     from locusformer.train.alignment import mnn_recentred, structure_ratio
+    from locusformer.train.refit import gain, structure_gain
 
     net = model.module.eval()
     x = np.asarray(X.toarray() if hasattr(X, "toarray") else X, dtype=np.float32)
@@ -103,10 +78,11 @@ def matrices(model, X, codes: np.ndarray, seed: int) -> tuple[dict[str, np.ndarr
     quick = combat(x, codes)
     ratio = structure_ratio(quick, seed)
     quick = mnn_recentred(quick, codes, seed)
-    gain = reconstruction_gain(xs.numpy(), own, codes)
-    relative = gain / max(structured_gain(xs.numpy(), codes, seed), 1e-12)
+    x64 = xs.numpy().astype(np.float64)
+    share = gain(x64, own.astype(np.float64), codes)
+    relative = share / max(structure_gain(x64, codes, seed), 1e-12)
     kept = neighbours_kept(quick, default, seed)
-    diagnostics = [round(gain, 4), round(relative, 4), round(kept, 4), round(ratio, 2)]
+    diagnostics = [round(share, 4), round(relative, 4), round(kept, 4), round(ratio, 2)]
     return {"default": default, "quick": quick}, diagnostics
 
 

@@ -237,9 +237,10 @@ def train_corrector(
             on_epoch_end=on_epoch_end,
         )
         trained, history = _train(inputs, dev, dist)
-        again = None if dist is not None else _refit_config(inputs, trained)
+        # Every process holds the same weights and data, so all take the same decision.
+        again = _refit_config(inputs, trained)
         if again is not None:
-            if checkpoint_path is not None:
+            if checkpoint_path is not None and (dist is None or dist.rank == 0):
                 Path(checkpoint_path).unlink(missing_ok=True)  # the first run's, done
             trained, history = _train(dataclasses.replace(inputs, tc=again), dev, dist)
         return trained, history
