@@ -21,13 +21,17 @@ two cases apart, and scores both matrices:
   at ``f45e959``, in float32 and with another shuffle);
 - ``kept``: the mean share of each sample's 15 nearest neighbours in the quickly
   corrected input that are among its 15 nearest in the corrected matrix (50 PCs);
-- ``ratio``: :func:`~locusformer.train.alignment.structure_ratio` of the quick correction.
+- ``ratio``: :func:`~locusformer.train.alignment.structure_ratio` of the quick correction;
+- ``aligned``: the squared cosine between the within-batch reconstruction and the
+  structure above noise, blind to scale: a decoder that returns the structure shrunk
+  (smoother than the data) scores as one that returns it whole.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/small_fallback.py --out OUT.tsv \\
         --scenarios n-40 n-150 bulk-6-batches bulk-confounded --tasks pseudobulk
 
 One row per (data set, seed) appended to ``--out``: data set, seed, samples, gain,
-relative, kept, ratio, then batch, bio and total of the default matrix and of the quick correction.
+relative, kept, ratio, aligned, then batch, bio and total of the default matrix and of
+the quick correction.
 """
 
 from __future__ import annotations
@@ -57,15 +61,21 @@ def neighbours_kept(a: np.ndarray, b: np.ndarray, seed: int) -> float:
     return float(np.mean([len(set(p) & set(q)) / k for p, q in zip(*found, strict=True)]))
 
 
+def cosine_squared(a: np.ndarray, b: np.ndarray) -> float:
+    """Squared cosine of the angle between two matrices read as vectors: 1 when one is
+    the other scaled, whatever the scale."""
+    return float((a * b).sum() ** 2 / max((a * a).sum() * (b * b).sum(), 1e-24))
+
+
 def matrices(model, X, codes: np.ndarray, seed: int) -> tuple[dict[str, np.ndarray], list]:
     """The default corrected matrix and the quick correction (log-expression), and the
-    diagnostics [gain, relative, kept, ratio]."""
+    diagnostics [gain, relative, kept, ratio, aligned]."""
     import torch
 
     from locusformer.infer.correct import reference_code
     from locusformer.pp.combat import combat
     from locusformer.train.alignment import mnn_recentred, structure_ratio
-    from locusformer.train.refit import gain, structure_gain
+    from locusformer.train.refit import _centred, gain, structure, structure_gain
 
     net = model.module.eval()
     x = np.asarray(X.toarray() if hasattr(X, "toarray") else X, dtype=np.float32)
@@ -82,7 +92,9 @@ def matrices(model, X, codes: np.ndarray, seed: int) -> tuple[dict[str, np.ndarr
     share = gain(x64, own.astype(np.float64), codes)
     relative = share / max(structure_gain(x64, codes, seed), 1e-12)
     kept = neighbours_kept(quick, default, seed)
-    diagnostics = [round(share, 4), round(relative, 4), round(kept, 4), round(ratio, 2)]
+    projected, learned = structure(x64, codes, seed), _centred(own.astype(np.float64), codes)
+    aligned = 0.0 if projected is None else cosine_squared(learned, projected)
+    diagnostics = [round(v, 4) for v in (share, relative, kept, ratio, aligned)]
     return {"default": default, "quick": quick}, diagnostics
 
 

@@ -46,10 +46,10 @@ def gain(x: np.ndarray, fitted: np.ndarray, codes: np.ndarray) -> float:
     return float(1.0 - ((x - fitted) ** 2).sum() / max((_centred(x, codes) ** 2).sum(), 1e-12))
 
 
-def structure_gain(x: np.ndarray, codes: np.ndarray, seed: int) -> float:
-    """:func:`gain` of the within-batch data projected on its principal components whose
-    variance exceeds the largest of the same data with every locus shuffled on its own;
-    0 when none does."""
+def structure(x: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray | None:
+    """The within-batch data (each batch's mean removed) projected on its principal
+    components whose variance exceeds the largest of the same data with every locus
+    shuffled on its own (Horn's parallel analysis); None when none does."""
     from sklearn.decomposition import PCA
 
     centred = _centred(x, codes)
@@ -59,9 +59,16 @@ def structure_gain(x: np.ndarray, codes: np.ndarray, seed: int) -> float:
     top = PCA(n_components=1, random_state=seed).fit(null).explained_variance_[0]
     keep = int((fit.explained_variance_ > top).sum())
     if keep == 0:
+        return None
+    return fit.transform(centred)[:, :keep] @ fit.components_[:keep] + fit.mean_
+
+
+def structure_gain(x: np.ndarray, codes: np.ndarray, seed: int) -> float:
+    """:func:`gain` of each batch's mean plus :func:`structure`; 0 when there is none."""
+    projected = structure(x, codes, seed)
+    if projected is None:
         return 0.0
-    projected = fit.transform(centred)[:, :keep] @ fit.components_[:keep] + fit.mean_
-    return gain(x, x - centred + projected, codes)
+    return gain(x, x - _centred(x, codes) + projected, codes)
 
 
 def decoder_fit(net: LocusFormer, X: np.ndarray, codes: np.ndarray, seed: int) -> float | None:
