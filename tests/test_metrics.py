@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -602,3 +603,35 @@ def test_isolated_labels_and_silhouette_label_share_one_silhouette(monkeypatch) 
     assert calls.count(300) == 1  # the whole matrix's silhouette once, for both metrics
     assert _silhouette.silhouette_samples is counted  # put back as it was
     assert _isolated_labels.silhouette_samples is counted
+
+
+_SCORE_ON_ONE_THREAD = """
+import sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from conftest import synthetic_groups
+from locusformer.baselines.methods import run_method
+from locusformer.scoring.metrics import score_method
+
+torch.set_num_threads(1)
+torch.ones(256, 256) @ torch.ones(256, 256)  # torch's OpenMP pool started, as by a training
+adata = synthetic_groups()
+uncorrected = run_method("uncorrected", adata, "batch", seed=0)
+score_method(run_method("combat", adata, "batch", seed=0), uncorrected, "batch", "cell_type")
+print(torch.get_num_threads())
+"""
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="numba starts one thread per core")
+def test_scoring_leaves_torchs_thread_count_as_it_was() -> None:
+    """numba's threading layer, started by the first scoring in a process after torch
+    has computed, sets the OpenMP thread count that torch reads to every core: a
+    training after it ran on other threads, to other rounding, than the same training
+    before it."""
+    tests = str(Path(__file__).parent)
+    out = subprocess.run(
+        [sys.executable, "-c", _SCORE_ON_ONE_THREAD, tests],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "1"

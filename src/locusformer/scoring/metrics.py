@@ -64,6 +64,7 @@ from locusformer.scoring.neighbors import (
     exact_diffusion_neighbors,
     neighbor_sizes,
     seeded_eigsh,
+    torch_threads_kept,
     within_batch_knn_jaccard,
 )
 from locusformer.scoring.result_rows import ResultFile
@@ -230,6 +231,7 @@ def kmeans_nmi_ari(
     }
 
 
+@torch_threads_kept()
 def score_method(
     result: ad.AnnData | ResultFile,
     uncorrected: ad.AnnData | ResultFile,
@@ -252,7 +254,8 @@ def score_method(
     ``kmeans_starts``: k-means starts behind KMeans NMI and ARI, seeded by ``seed``
     (:func:`kmeans_nmi_ari`). ``representations``, a dict, gets the scored representation
     (a copy) and its rows' sample names under the method's name, when there is one
-    (:mod:`locusformer.scoring.representations`).
+    (:mod:`locusformer.scoring.representations`). torch's thread count is left as it
+    was (:func:`~locusformer.scoring.neighbors.torch_threads_kept`).
     """
     import scib_metrics
 

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -189,6 +190,27 @@ UNCACHED_JIT = (
 
 
 @functools.cache
+@contextlib.contextmanager
+def torch_threads_kept() -> Iterator[None]:
+    """torch's intra-op thread count after the block as it was before, where the process
+    has torch (it is not imported here).
+
+    numba's parallel functions (UMAP's, pynndescent's) start numba's OpenMP threading
+    layer on first use, which sets the OpenMP thread count of the calling thread to
+    ``NUMBA_NUM_THREADS`` (every core), and torch reads its own from the same runtime: a
+    process that set torch to one thread and scored then trained on every core, to other
+    rounding (a training after a scoring differed by up to 0.005 in total on the simulated
+    suite's small studies, docs/notes/2026-12-06.md).
+    """
+    torch = sys.modules.get("torch")
+    before = None if torch is None else torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch is not None and torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
 def cache_numba_compilation() -> None:
     """Keep numba's compilation of UMAP's and pynndescent's functions from one process to
     the next.
