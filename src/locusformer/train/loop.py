@@ -236,17 +236,24 @@ def train_corrector(
             progress=progress,
             on_epoch_end=on_epoch_end,
         )
-        trained, history = _train(inputs, dev, dist)
-        # Every process holds the same weights and data, so all take the same decision.
-        again = _refit_config(inputs, trained)
-        if again is not None:
-            if checkpoint_path is not None and (dist is None or dist.rank == 0):
-                Path(checkpoint_path).unlink(missing_ok=True)  # the first run's, done
-            trained, history = _train(dataclasses.replace(inputs, tc=again), dev, dist)
-        return trained, history
+        return _train_and_refit(inputs, dev, dist)
     finally:
         if dist is not None and dist.owns_group:
             torch.distributed.destroy_process_group()
+
+
+def _train_and_refit(
+    inputs: _RunInputs, dev: torch.device, dist: Dist | None
+) -> tuple[TrainedModel, pd.DataFrame]:
+    """:func:`_train`, and again with more steps where :func:`_refit_config` says so."""
+    trained, history = _train(inputs, dev, dist)
+    # Every process holds the same weights and data, so all take the same decision.
+    again = _refit_config(inputs, trained)
+    if again is None:
+        return trained, history
+    if inputs.checkpoint_path is not None and (dist is None or dist.rank == 0):
+        Path(inputs.checkpoint_path).unlink(missing_ok=True)  # the first run's, done
+    return _train(dataclasses.replace(inputs, tc=again), dev, dist)
 
 
 def _refit_config(inputs: _RunInputs, trained: TrainedModel) -> TrainConfig | None:
@@ -265,8 +272,11 @@ def _refit_config(inputs: _RunInputs, trained: TrainedModel) -> TrainConfig | No
     log.info(
         "training again with at least %d steps: after %d the decoder reconstructs %.2f of "
         "the structure above noise (below %.2f)",
-        tc.refit_steps, steps, fit, REFIT_BELOW,
-    )  # fmt: skip
+        tc.refit_steps,
+        steps,
+        fit,
+        REFIT_BELOW,
+    )
     return dataclasses.replace(tc, min_steps=tc.refit_steps)
 
 
