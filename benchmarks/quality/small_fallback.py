@@ -75,7 +75,7 @@ def matrices(model, X, codes: np.ndarray, seed: int) -> tuple[dict[str, np.ndarr
     from locusformer.infer.correct import reference_code
     from locusformer.pp.combat import combat
     from locusformer.train.alignment import mnn_recentred, structure_ratio
-    from locusformer.train.refit import _centred, gain, structure, structure_gain
+    from locusformer.train.refit import batch_centred, gain, structure, structure_gain
 
     net = model.module.eval()
     x = np.asarray(X.toarray() if hasattr(X, "toarray") else X, dtype=np.float32)
@@ -92,7 +92,7 @@ def matrices(model, X, codes: np.ndarray, seed: int) -> tuple[dict[str, np.ndarr
     share = gain(x64, own.astype(np.float64), codes)
     relative = share / max(structure_gain(x64, codes, seed), 1e-12)
     kept = neighbours_kept(quick, default, seed)
-    projected, learned = structure(x64, codes, seed), _centred(own.astype(np.float64), codes)
+    projected, learned = structure(x64, codes, seed), batch_centred(own.astype(np.float64), codes)
     aligned = 0.0 if projected is None else cosine_squared(learned, projected)
     diagnostics = [round(v, 4) for v in (share, relative, kept, ratio, aligned)]
     return {"default": default, "quick": quick}, diagnostics
