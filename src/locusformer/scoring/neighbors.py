@@ -189,7 +189,6 @@ UNCACHED_JIT = (
 )
 
 
-@functools.cache
 @contextlib.contextmanager
 def torch_threads_kept() -> Iterator[None]:
     """torch's intra-op thread count after the block as it was before, where the process
@@ -211,6 +210,7 @@ def torch_threads_kept() -> Iterator[None]:
             torch.set_num_threads(before)
 
 
+@functools.cache
 def cache_numba_compilation() -> None:
     """Keep numba's compilation of UMAP's and pynndescent's functions from one process to
     the next.
