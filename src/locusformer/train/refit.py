@@ -54,9 +54,12 @@ def structure(x: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray | None:
     """The within-batch data (each batch's mean removed) projected on its principal
     components whose variance exceeds the largest of the same data with every locus
     shuffled on its own (Horn's parallel analysis); None when none does."""
+    return _above_noise(batch_centred(x, codes), seed)
+
+
+def _above_noise(centred: np.ndarray, seed: int) -> np.ndarray | None:
     from sklearn.decomposition import PCA
 
-    centred = batch_centred(x, codes)
     k = max(1, min(FIT_MAX_COMPONENTS, *centred.shape) - 1)
     fit = PCA(n_components=k, random_state=seed).fit(centred)
     null = np.random.default_rng([seed, 8]).permuted(centred, axis=0)
@@ -69,10 +72,12 @@ def structure(x: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray | None:
 
 def structure_gain(x: np.ndarray, codes: np.ndarray, seed: int) -> float:
     """:func:`gain` of each batch's mean plus :func:`structure`; 0 when there is none."""
-    projected = structure(x, codes, seed)
+    centred = batch_centred(x, codes)
+    projected = _above_noise(centred, seed)
     if projected is None:
         return 0.0
-    return gain(x, x - batch_centred(x, codes) + projected, codes)
+    # x - (x - centred + projected) is centred - projected
+    return float(1.0 - ((centred - projected) ** 2).sum() / max((centred**2).sum(), 1e-12))
 
 
 def decoder_fit(net: LocusFormer, X: np.ndarray, codes: np.ndarray, seed: int) -> float | None:
