@@ -5,7 +5,8 @@ nearest neighbours; training treats the clusters as it treats protected levels. 
 tests check what it finds on data whose truth is known: two batches of the same three
 groups under a strong per-gene shift (the groups found across the batches), batches of
 opposite composition (ComBat's location error undone), every batch one group of its own
-(nothing to cluster: None), and the sample's answer carried to the rows left out of it.
+(nothing to cluster: None), and the sample's answer carried to the rows left out of it,
+a batch too small for a uniform draw among them.
 """
 
 from __future__ import annotations
@@ -105,6 +106,21 @@ def test_rows_left_out_of_the_sample_take_their_neighbours_level() -> None:
     levels = input_levels(x, codes, n_clusters=3, seed=0, max_samples=150)
     assert levels is not None and len(levels) == len(codes)
     assert adjusted_rand_score(groups, levels) > 0.95
+
+
+def test_a_batch_too_small_to_be_drawn_is_sampled_all_the_same() -> None:
+    # a uniform draw of 150 rows from 363 misses a batch of 3 rows on most seeds; that
+    # batch then had no sampled row to take a level from (a traceback) or one (clusters
+    # off), by the seed's chance
+    x, codes, groups = _data(60, [[0, 1, 2], [0, 1, 2]], shift=6.0)
+    small, small_codes, small_groups = _data(3, [[0]], shift=6.0, seed=1)
+    x = np.vstack([x, small])
+    codes = np.concatenate([codes, small_codes + 2])
+    groups = np.concatenate([groups, small_groups])
+    for seed in range(4):
+        levels = input_levels(x, codes, n_clusters=3, seed=seed, max_samples=150)
+        assert levels is not None and len(levels) == len(codes)
+        assert adjusted_rand_score(groups[:-3], levels[:-3]) > 0.95
 
 
 def test_a_batch_of_one_sample_turns_it_off() -> None:

@@ -67,6 +67,11 @@ CLUSTER_MAX_SAMPLES = 5_000
 #: Rows the input's levels (:func:`input_levels`) are found on at most; the others take
 #: their nearest sampled neighbour's.
 INPUT_MAX_SAMPLES = 20_000
+#: Rows of each batch the input's levels are found on at least (all of a smaller batch):
+#: a uniform sample of 20,000 from a million holds no row of a batch of ten samples
+#: about four times in five, and that batch would then have no sampled row to take a
+#: level from, nor ComBat an estimate of its batch effect.
+INPUT_MIN_PER_BATCH = 50
 #: Least :func:`structure_ratio` of the batch-corrected input for its clusters to be used.
 #: Where every batch holds one class of its own (total confounding), ComBat leaves noise
 #: (ratio 1.8 on the suite's ``confounded-total``, seed 0) and its clusters are arbitrary;
@@ -303,16 +308,15 @@ def input_levels(
     the sample take the level of their nearest sampled row of their own batch, in the
     uncorrected data's PCA (within a batch there is no batch effect to cross).
 
-    None when some batch has fewer than two sampled rows (ComBat needs two), or when
-    there is one batch.
+    None when some batch has fewer than two samples (ComBat needs two), or when there is
+    one batch. Every batch has :data:`INPUT_MIN_PER_BATCH` sampled rows, or all of its
+    rows where it has fewer.
     """
     from sklearn.cluster import KMeans
 
     codes = np.asarray(codes)
     n = len(codes)
-    rows = np.arange(n)
-    if n > max_samples:
-        rows = np.sort(np.random.default_rng([seed, 5]).choice(n, max_samples, replace=False))
+    rows = np.arange(n) if n <= max_samples else _input_rows(codes, max_samples, seed)
     counts = np.bincount(codes[rows])
     if (counts > 0).sum() < 2 or counts[counts > 0].min() < 2:
         return None
@@ -327,6 +331,20 @@ def input_levels(
     levels[rows] = found
     _fill_from_sampled(levels, _pca(X, rows, MNN_PCS, seed), codes, rows)
     return levels
+
+
+def _input_rows(codes: np.ndarray, max_samples: int, seed: int) -> np.ndarray:
+    """Sorted rows to find the input's levels on: ``max_samples`` drawn uniformly (seeded),
+    then each batch topped up to :data:`INPUT_MIN_PER_BATCH` rows (all of a smaller one)."""
+    rng = np.random.default_rng([seed, 5])
+    rows = rng.choice(len(codes), max_samples, replace=False)
+    drawn = np.bincount(codes[rows], minlength=int(codes.max()) + 1)
+    extra = []
+    for b in np.flatnonzero(drawn < INPUT_MIN_PER_BATCH):
+        left = np.setdiff1d(np.flatnonzero(codes == b), rows)
+        want = min(INPUT_MIN_PER_BATCH - int(drawn[b]), len(left))
+        extra.append(rng.choice(left, want, replace=False))
+    return np.sort(np.concatenate([rows, *extra]))
 
 
 def quick_scores(x: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray | None:
