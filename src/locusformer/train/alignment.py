@@ -64,8 +64,9 @@ CLUSTER_MIN_SHARE = 0.2
 #: hundreds per cluster and scored no lower on 40,000 simulated samples (0.910 against
 #: 0.893 at 20,000, one seed; benchmarks/cluster_sample.py, issue 42).
 CLUSTER_MAX_SAMPLES = 5_000
-#: Rows the input's levels (:func:`input_levels`) are found on at most; the others take
-#: their nearest sampled neighbour's.
+#: Rows the input's levels (:func:`input_levels`) are found on, drawn uniformly, where
+#: there are more (then topped up per batch, :data:`INPUT_MIN_PER_BATCH`); the others
+#: take their nearest sampled neighbour's.
 INPUT_MAX_SAMPLES = 20_000
 #: Rows of each batch the input's levels are found on at least (all of a smaller batch):
 #: a uniform sample of 20,000 from a million holds no row of a batch of ten samples

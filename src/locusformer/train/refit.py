@@ -47,7 +47,12 @@ def batch_centred(x: np.ndarray, codes: np.ndarray) -> np.ndarray:
 
 def gain(x: np.ndarray, fitted: np.ndarray, codes: np.ndarray) -> float:
     """1 - SSE(``fitted``) / SSE(each batch's mean), over every sample and locus."""
-    return float(1.0 - ((x - fitted) ** 2).sum() / max((batch_centred(x, codes) ** 2).sum(), 1e-12))
+    return _gain(x - fitted, batch_centred(x, codes))
+
+
+def _gain(residual: np.ndarray, centred: np.ndarray) -> float:
+    """1 - SSE(``residual``) / SSE(``centred``): :func:`gain` from its two residuals."""
+    return float(1.0 - (residual**2).sum() / max((centred**2).sum(), 1e-12))
 
 
 def structure(x: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray | None:
@@ -77,7 +82,7 @@ def structure_gain(x: np.ndarray, codes: np.ndarray, seed: int) -> float:
     if projected is None:
         return 0.0
     # x - (x - centred + projected) is centred - projected
-    return float(1.0 - ((centred - projected) ** 2).sum() / max((centred**2).sum(), 1e-12))
+    return _gain(centred - projected, centred)
 
 
 def decoder_fit(net: LocusFormer, X: np.ndarray, codes: np.ndarray, seed: int) -> float | None:
