@@ -16,6 +16,27 @@ the workflow (its rules keep a ``PYTHONPATH`` that is set):
 
 It holds every row's corrected values in memory (about 3 GB at 100k samples, far more at
 1M): a probe for the 100k data, not for the product.
+
+With ``LF_QUICK=harmony`` the quick correction's principal-component scores go through
+Harmony (harmonypy, theta 2, one cluster per 30 samples, 8 to 50) before k-means: its
+clusters with a diversity penalty take out the batch's residual within each group,
+which k-means otherwise cuts along.
+
+With ``LF_LEVEL`` the level term (``model.losses.level_batch_share``, the term the input
+clusters feed) takes another form, for the probes of docs/notes/2026-12-06.md:
+
+- ``fade``: its weight as configured until the ramp-up ends, then times ``LF_FADE``
+  (0.1);
+- ``whiten``: the batch's between-cell scatter within levels in the latent whitened by
+  the minibatch's covariance (ridge ``LF_RIDGE``, 0.1, of its mean eigenvalue), over
+  the latent's width;
+- ``anova``: the between-batch sum of squares within levels less the share within-cell
+  noise puts there (``(C_l - 1)`` times the pooled within-cell variance, a one-way
+  ANOVA's expectation), over the total sum of squares;
+- ``detached``: the term as it ships with its denominator, the total sum of squares,
+  held constant in the gradient, so that moving the levels apart does not lower it;
+- ``mincell``: only (level, batch) cells of ``LF_MIN_CELL`` (3) samples or more in the
+  minibatch, each level's mean over those cells.
 """
 
 import os
@@ -40,3 +61,132 @@ if os.environ.get("LF_FILL") == "predict":
         return kmeans.predict(scores).astype(np.int64)
 
     loop.input_levels = _predicted_levels
+
+
+if os.environ.get("LF_QUICK") == "harmony":
+    import logging
+
+    import numpy as np
+    import pandas as pd
+
+    from locusformer.train import alignment
+
+    _quick = alignment.quick_scores
+
+    def _harmonized(x, codes, seed):
+        import harmonypy
+
+        scores = _quick(x, codes, seed)
+        if scores is None:
+            return None
+        logging.getLogger("harmonypy").setLevel(logging.WARNING)
+        n = len(codes)
+        meta = pd.DataFrame({"b": pd.Categorical(np.asarray(codes))})
+        ho = harmonypy.run_harmony(
+            scores.astype(np.float64),
+            meta,
+            ["b"],
+            theta=2.0,
+            nclust=int(min(50, max(8, n // 30), n - 1)),
+            random_state=seed,
+            verbose=False,
+        )
+        z = np.asarray(ho.Z_corr)
+        return (z.T if z.shape[0] != n else z).astype(np.float32)
+
+    alignment.quick_scores = _harmonized
+
+
+def _level_fade() -> None:
+    from locusformer.train import loop
+
+    shipped = loop.loss_weights
+    fade = float(os.environ.get("LF_FADE", "0.1"))
+
+    def faded(tc, ramp):
+        weights = shipped(tc, ramp)
+        factor = fade if ramp >= 1.0 else 1.0  # LossWeights is a NamedTuple
+        return weights._replace(level_mean=weights.level_mean * factor)
+
+    loop.loss_weights = faded
+
+
+def _level_whiten(z, batch, levels, n_batches):
+    import torch
+
+    from locusformer.model.losses import level_means
+
+    z = z.float()
+    m = level_means(z, batch, levels, n_batches)
+    kept = (m.batches_held >= 2).float()[levels]
+    diff = (m.cell - m.level) * kept[:, None]  # (B, Z)
+    centred = z - z.mean(dim=0)
+    n, width = z.shape
+    cov = centred.T @ centred / n
+    ridge = float(os.environ.get("LF_RIDGE", "0.1")) * torch.trace(cov).clamp_min(1e-8) / width
+    cov = cov + ridge * torch.eye(width, device=z.device)
+    return torch.trace(torch.linalg.solve(cov, diff.T @ diff / n)) / width
+
+
+def _level_anova(z, batch, levels, n_batches):
+    from locusformer.model.losses import level_means
+
+    z = z.float()
+    m = level_means(z, batch, levels, n_batches)
+    kept_level = m.batches_held >= 2  # (M,)
+    kept = kept_level.float()[levels]
+    between = (kept * (m.cell - m.level).pow(2).sum(-1)).sum()
+    within = (kept * (z - m.cell).pow(2).sum(-1)).sum()
+    dof_within = ((m.level_size - m.batches_held) * kept_level).sum()
+    dof_between = ((m.batches_held - 1) * kept_level).sum()
+    total = (z - z.mean(dim=0)).pow(2).sum()
+    if dof_within <= 0:
+        return between * 0.0
+    excess = (between - dof_between * within / dof_within).clamp_min(0.0)
+    return excess / total.clamp_min(1e-8)
+
+
+def _level_mincell(z, batch, levels, n_batches):
+    import torch
+    import torch.nn.functional as F
+
+    from locusformer.model.losses import level_means
+
+    z = z.float()
+    m = level_means(z, batch, levels, n_batches)
+    n_levels = int(levels.max()) + 1
+    cell = levels * n_batches + batch
+    big = torch.bincount(cell, minlength=n_levels * n_batches) >= int(
+        os.environ.get("LF_MIN_CELL", "3")
+    )
+    held = big.reshape(n_levels, n_batches).sum(dim=1)  # (M,)
+    kept = (big[cell] & (held[levels] >= 2)).float()[:, None]  # (B, 1)
+    onehot = F.one_hot(levels, n_levels).float()  # (B, M)
+    level_mean = (onehot.T @ (kept * z)) / (onehot.T @ kept).clamp_min(1.0)  # (M, Z)
+    between = (kept[:, 0] * (m.cell - level_mean[levels]).pow(2).sum(-1)).sum()
+    return between / (z - z.mean(dim=0)).pow(2).sum().clamp_min(1e-8)
+
+
+def _level_detached(z, batch, levels, n_batches):
+    from locusformer.model.losses import level_means
+
+    z = z.float()
+    m = level_means(z, batch, levels, n_batches)
+    kept = (m.batches_held >= 2).float()[levels]
+    between = (kept * (m.cell - m.level).pow(2).sum(-1)).sum()
+    total = (z - z.mean(dim=0)).pow(2).sum().detach()
+    return between / total.clamp_min(1e-8)
+
+
+_FORMS = {
+    "detached": _level_detached,
+    "whiten": _level_whiten,
+    "anova": _level_anova,
+    "mincell": _level_mincell,
+}
+if os.environ.get("LF_LEVEL") == "fade":
+    _level_fade()
+elif os.environ.get("LF_LEVEL") in _FORMS:
+    from locusformer.model import network
+
+    network.level_batch_share = _FORMS[os.environ["LF_LEVEL"]]
