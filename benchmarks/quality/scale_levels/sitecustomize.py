@@ -35,6 +35,9 @@ clusters feed) takes another form, for the probes of docs/notes/2026-12-06.md:
   ANOVA's expectation), over the total sum of squares;
 - ``detached``: the term as it ships with its denominator, the total sum of squares,
   held constant in the gradient, so that moving the levels apart does not lower it;
+- ``per_axis``: the batch's share of each latent axis's sum of squares, averaged over
+  the axes: scale-free per axis, so that spreading the levels along one axis lowers that
+  axis's share only and folding the others in gains nothing;
 - ``mincell``: only (level, batch) cells of ``LF_MIN_CELL`` (3) samples or more in the
   minibatch, each level's mean over those cells.
 """
@@ -178,7 +181,19 @@ def _level_detached(z, batch, levels, n_batches):
     return between / total.clamp_min(1e-8)
 
 
+def _level_per_axis(z, batch, levels, n_batches):
+    from locusformer.model.losses import level_means
+
+    z = z.float()
+    m = level_means(z, batch, levels, n_batches)
+    kept = (m.batches_held >= 2).float()[levels]
+    between = (kept[:, None] * (m.cell - m.level).pow(2)).sum(dim=0)  # (Z,)
+    total = (z - z.mean(dim=0)).pow(2).sum(dim=0)  # (Z,)
+    return (between / total.clamp_min(1e-8)).mean()
+
+
 _FORMS = {
+    "per_axis": _level_per_axis,
     "detached": _level_detached,
     "whiten": _level_whiten,
     "anova": _level_anova,
