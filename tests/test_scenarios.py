@@ -174,6 +174,18 @@ def test_the_same_seed_gives_the_same_counts_and_another_seed_others():
     assert not a.samples.equals(c.samples)
 
 
+def test_a_shallow_library_draws_fewer_counts_and_weaker_programmes_in_the_same_design():
+    deep = SUITE["middle"].scaled(0.1, max_samples=200, n_genes=400)
+    shallow = dataclasses.replace(deep, library="shallow")
+    a, b = simulate_scenario(deep, seed=0), simulate_scenario(shallow, seed=0)
+    pd.testing.assert_frame_equal(a.samples, b.samples)  # the design's stream is its own
+    depth_a, depth_b = (sim.counts().sum(axis=1).mean() for sim in (a, b))
+    assert depth_b < depth_a / 3
+    # Half the genes in each programme: fewer genes tell the groups apart.
+    programme_genes = [(sim.programmes != 0).sum() for sim in (a, b)]
+    assert programme_genes[1] < programme_genes[0]
+
+
 def test_scaling_shrinks_the_samples_but_keeps_bulk_designs_bulk_like():
     assert SUITE["n-3000"].scaled(0.1).n_samples == 300
     assert SUITE["middle"].scaled(0.5, max_samples=100, n_genes=500).n_samples == 100

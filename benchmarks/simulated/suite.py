@@ -28,6 +28,7 @@ table never passes one off as the other.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -44,7 +45,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from provenance import record_run  # noqa: E402
 from results_tables import SIMULATED_COLUMNS, simulated_rows, simulated_text  # noqa: E402
 
-from locusformer.simulate.scenarios import SUITE, Scenario, simulate_scenario  # noqa: E402
+from locusformer.simulate.scenarios import (  # noqa: E402
+    SUITE,
+    Library,
+    Scenario,
+    simulate_scenario,
+)
 
 Method = Literal["uncorrected", "combat", "harmony", "scvi", "sysvi", "locusformer"]
 METHODS: tuple[str, ...] = get_args(Method)
@@ -167,6 +173,10 @@ def main() -> None:
     parser.add_argument("--max-samples", type=int, default=None, help="at most this many")
     parser.add_argument("--genes", type=int, default=None, help="genes instead of 1000")
     parser.add_argument(
+        "--library", choices=get_args(Library), default=None,
+        help="every scenario with this library (rows then named 'SCENARIO (LIBRARY)')",
+    )  # fmt: skip
+    parser.add_argument(
         "--training", type=json.loads, default=None,
         help="JSON overrides of LocusFormer's training (rows then named by them)",
     )  # fmt: skip
@@ -186,7 +196,10 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     record_run(args.work, {
         k: getattr(args, k)
-        for k in ("scenarios", "seeds", "methods", "size_scale", "max_samples", "genes", "training")
+        for k in (
+            "scenarios", "seeds", "methods", "size_scale", "max_samples", "genes", "library",
+            "training",
+        )
     })  # fmt: skip
     done = finished(args.work) if args.resume else set()
     print("\t".join(SIMULATED_COLUMNS), flush=True)
@@ -194,6 +207,9 @@ def main() -> None:
         scenario = SUITE[name].scaled(
             args.size_scale, max_samples=args.max_samples, n_genes=args.genes
         )
+        if args.library is not None:
+            scenario = dataclasses.replace(scenario, library=args.library)
+            name = f"{name} ({args.library})"
         for seed in args.seeds:
             methods = [
                 m for m in args.methods
