@@ -38,6 +38,9 @@ clusters feed) takes another form, for the probes of docs/notes/2026-12-06.md:
 - ``per_axis``: the batch's share of each latent axis's sum of squares, averaged over
   the axes: scale-free per axis, so that spreading the levels along one axis lowers that
   axis's share only and folding the others in gains nothing;
+- ``rank_guard``: the term as it ships, times the square of the minibatch latent's
+  participation ratio over the highest seen in the process (one training a process):
+  the term weakens as the latent folds;
 - ``mincell``: only (level, batch) cells of ``LF_MIN_CELL`` (3) samples or more in the
   minibatch, each level's mean over those cells.
 """
@@ -192,7 +195,25 @@ def _level_per_axis(z, batch, levels, n_batches):
     return (between / total.clamp_min(1e-8)).mean()
 
 
+_RANK = {"best": 0.0}
+
+
+def _level_rank_guard(z, batch, levels, n_batches):
+    import torch
+
+    from locusformer.model.losses import level_batch_share
+
+    share = level_batch_share(z, batch, levels, n_batches)
+    with torch.no_grad():
+        centred = z.float() - z.float().mean(dim=0)
+        eig = torch.linalg.eigvalsh(centred.T @ centred).clamp_min(0.0)
+        rank = float(eig.sum() ** 2 / (eig.pow(2).sum()).clamp_min(1e-12))
+    _RANK["best"] = max(_RANK["best"], rank)
+    return share * (rank / _RANK["best"]) ** 2
+
+
 _FORMS = {
+    "rank_guard": _level_rank_guard,
     "per_axis": _level_per_axis,
     "detached": _level_detached,
     "whiten": _level_whiten,
