@@ -40,7 +40,8 @@ clusters feed) takes another form, for the probes of docs/notes/2026-12-06.md:
   axis's share only and folding the others in gains nothing;
 - ``rank_guard``: the term as it ships, times the square of the minibatch latent's
   participation ratio over the highest seen in the process (one training a process):
-  the term weakens as the latent folds;
+  the term weakens as the latent folds; with ``LF_RANK_FLOOR`` (a share, 0 off) only
+  once the ratio falls below that share of its best;
 - ``mincell``: only (level, batch) cells of ``LF_MIN_CELL`` (3) samples or more in the
   minibatch, each level's mean over those cells.
 """
@@ -209,6 +210,11 @@ def _level_rank_guard(z, batch, levels, n_batches):
         eig = torch.linalg.eigvalsh(centred.T @ centred).clamp_min(0.0)
         rank = float(eig.sum() ** 2 / (eig.pow(2).sum()).clamp_min(1e-12))
     _RANK["best"] = max(_RANK["best"], rank)
+    # LF_RANK_FLOOR (0: off): the term is whole while the ratio stays above this share
+    # of its best, and falls with the square of the shortfall below it.
+    floor = float(os.environ.get("LF_RANK_FLOOR", "0")) * _RANK["best"]
+    if floor > 0:
+        return share * min(1.0, rank / floor) ** 2
     return share * (rank / _RANK["best"]) ** 2
 
 
