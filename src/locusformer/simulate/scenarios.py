@@ -144,8 +144,8 @@ class Scenario:
         The groups of ``biology="groups"``; mixtures and trajectories have three
         programmes and 7 and 5 classes.
     library
-        ``"single_cell"``: shallow, overdispersed counts with dropout
-        (:class:`CountSimulationParams`' model, :data:`SINGLE_CELL_COUNTS`).
+        ``"single_cell"``: overdispersed counts with dropout, 7.4 times as deep as
+        :class:`CountSimulationParams`' model (:data:`SINGLE_CELL_COUNTS`).
         ``"bulk"``: deep libraries, little overdispersion, no dropout (:data:`BULK_COUNTS`).
         ``"shallow"``: single-cell libraries at ``simulate_counts``' own depth, with half
         the genes in each programme (:data:`SHALLOW_COUNTS`,
@@ -411,9 +411,12 @@ def simulate_scenario(
 
 def _count_params(s: Scenario, seed: int) -> CountSimulationParams:
     defaults = CountSimulationParams()
-    fraction = SHALLOW_PROGRAMME_FRACTION if s.library == "shallow" else PROGRAMME_FRACTION
+    library, fraction = {
+        "single_cell": (SINGLE_CELL_COUNTS, PROGRAMME_FRACTION),
+        "bulk": (BULK_COUNTS, PROGRAMME_FRACTION),
+        "shallow": (SHALLOW_COUNTS, SHALLOW_PROGRAMME_FRACTION),
+    }[s.library]
     unit_shift = defaults.group_effect * math.sqrt(fraction)
-    library = {"bulk": BULK_COUNTS, "shallow": SHALLOW_COUNTS}.get(s.library, SINGLE_CELL_COUNTS)
     return dataclasses.replace(
         defaults,
         programme_fraction=fraction,
