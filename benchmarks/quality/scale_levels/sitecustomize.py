@@ -118,14 +118,20 @@ def _level_fade() -> None:
     loop.loss_weights = faded
 
 
-def _level_whiten(z, batch, levels, n_batches):
-    import torch
-
+def _cells(z, batch, levels, n_batches):
+    """The float latent, its (level, batch) and level means, and (B,) 1.0 for the samples
+    of levels two or more batches hold: what every form below starts from."""
     from locusformer.model.losses import level_means
 
     z = z.float()
     m = level_means(z, batch, levels, n_batches)
-    kept = (m.batches_held >= 2).float()[levels]
+    return z, m, (m.batches_held >= 2).float()[levels]
+
+
+def _level_whiten(z, batch, levels, n_batches):
+    import torch
+
+    z, m, kept = _cells(z, batch, levels, n_batches)
     diff = (m.cell - m.level) * kept[:, None]  # (B, Z)
     centred = z - z.mean(dim=0)
     n, width = z.shape
@@ -136,12 +142,8 @@ def _level_whiten(z, batch, levels, n_batches):
 
 
 def _level_anova(z, batch, levels, n_batches):
-    from locusformer.model.losses import level_means
-
-    z = z.float()
-    m = level_means(z, batch, levels, n_batches)
+    z, m, kept = _cells(z, batch, levels, n_batches)
     kept_level = m.batches_held >= 2  # (M,)
-    kept = kept_level.float()[levels]
     between = (kept * (m.cell - m.level).pow(2).sum(-1)).sum()
     within = (kept * (z - m.cell).pow(2).sum(-1)).sum()
     dof_within = ((m.level_size - m.batches_held) * kept_level).sum()
@@ -157,10 +159,7 @@ def _level_mincell(z, batch, levels, n_batches):
     import torch
     import torch.nn.functional as F
 
-    from locusformer.model.losses import level_means
-
-    z = z.float()
-    m = level_means(z, batch, levels, n_batches)
+    z, m, _ = _cells(z, batch, levels, n_batches)
     n_levels = int(levels.max()) + 1
     cell = levels * n_batches + batch
     big = torch.bincount(cell, minlength=n_levels * n_batches) >= int(
@@ -175,22 +174,14 @@ def _level_mincell(z, batch, levels, n_batches):
 
 
 def _level_detached(z, batch, levels, n_batches):
-    from locusformer.model.losses import level_means
-
-    z = z.float()
-    m = level_means(z, batch, levels, n_batches)
-    kept = (m.batches_held >= 2).float()[levels]
+    z, m, kept = _cells(z, batch, levels, n_batches)
     between = (kept * (m.cell - m.level).pow(2).sum(-1)).sum()
     total = (z - z.mean(dim=0)).pow(2).sum().detach()
     return between / total.clamp_min(1e-8)
 
 
 def _level_per_axis(z, batch, levels, n_batches):
-    from locusformer.model.losses import level_means
-
-    z = z.float()
-    m = level_means(z, batch, levels, n_batches)
-    kept = (m.batches_held >= 2).float()[levels]
+    z, m, kept = _cells(z, batch, levels, n_batches)
     between = (kept[:, None] * (m.cell - m.level).pow(2)).sum(dim=0)  # (Z,)
     total = (z - z.mean(dim=0)).pow(2).sum(dim=0)  # (Z,)
     return (between / total.clamp_min(1e-8)).mean()
