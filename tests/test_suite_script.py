@@ -1,13 +1,18 @@
-"""benchmarks/simulated/suite.py's bookkeeping: which rows a resumed run skips, and how
-LocusFormer's rows are named when it trains with overrides. No method is run."""
+"""benchmarks/simulated/suite.py's bookkeeping: which rows a resumed run skips, how
+LocusFormer's rows are named when it trains with overrides, and which block of the results
+document its rows are written to. No method is run."""
 
 from __future__ import annotations
 
+import json
 import sys
 
+import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks" / "simulated"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import results_tables
 import suite
 
 
@@ -31,3 +36,32 @@ def test_a_resumed_run_skips_scored_rows_only(tmp_path):
         ("middle", 'locusformer {"min_steps": 300}', 1),
         ("n-40", "combat", 2),
     }
+
+
+def test_the_shallow_rows_go_to_their_own_block_and_leave_the_suites_alone(tmp_path, monkeypatch):
+    rows = [
+        "n-3000 (shallow)\tcombat\t0\t0.8\t0.7\t0.74\t0.2",
+        "n-3000 (shallow)\tlocusformer\t0\t0.9\t0.8\t0.84\t75.0",
+    ]
+    (tmp_path / "results.tsv").write_text("\n".join(rows) + "\n")
+    run = {"date": "2026-12-06", "commit": "abc1234", "dirty": False, "machine": "a CPU"}
+    (tmp_path / "runs.jsonl").write_text(json.dumps({**run, "threads": 1}) + "\n")
+    doc = tmp_path / "results.md"
+    suite_block = "<!-- table:simulated -->\nthe suite\n<!-- /table:simulated -->"
+    doc.write_text(
+        f"{suite_block}\n\n<!-- table:simulated-shallow -->\nstale\n"
+        "<!-- /table:simulated-shallow -->\n"
+    )
+    monkeypatch.setitem(results_tables.DOCUMENTS, "simulated-shallow", [doc])
+    monkeypatch.setattr(results_tables, "ROOT", tmp_path)
+    argv = ["results_tables.py", "simulated", "--work", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--block", "simulated-shallow"])
+    results_tables.main()
+    text = doc.read_text()
+    assert suite_block in text and "stale" not in text
+    assert "| n-3000 (shallow) | **0.840 (1 seed)** | 0.740 (1 seed) |" in text
+    monkeypatch.setattr(sys, "argv", [*argv, "--block", "simulated-shallow", "--check"])
+    results_tables.main()  # the same now: exits normally
+    monkeypatch.setattr(sys, "argv", [*argv, "--block", "nonsense"])
+    with pytest.raises(SystemExit):
+        results_tables.main()
