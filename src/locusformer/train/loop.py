@@ -57,6 +57,7 @@ from locusformer.train.data import (
 )
 from locusformer.train.distributed import Dist, gather_rows, init_distributed
 from locusformer.train.epoch_checks import check_finite, clusters_compared, loss_means, validate
+from locusformer.train.fold import FOLD_BELOW, fold_capture
 from locusformer.train.refit import REFIT_BELOW, decoder_fit
 from locusformer.train.runtime import autocast, deterministic, seed_everything
 from locusformer.train.schedule import (
@@ -245,15 +246,20 @@ def train_corrector(
 def _train_and_refit(
     inputs: _RunInputs, dev: torch.device, dist: Dist | None
 ) -> tuple[TrainedModel, pd.DataFrame]:
-    """:func:`_train`, and again with more steps where :func:`_refit_config` says so."""
-    trained, history = _train(inputs, dev, dist)
+    """:func:`_train`, and again with more steps where :func:`_refit_config` says so, or
+    without the input clusters where :func:`_unfold_config` does."""
+    found = _input_clusters(inputs)
+    trained, history = _train(inputs, found, dev, dist)
     # Every process holds the same weights and data, so all take the same decision.
     again = _refit_config(inputs, trained)
+    if again is None and found is not None:
+        again = _unfold_config(inputs, trained)
     if again is None:
         return trained, history
     if inputs.checkpoint_path is not None and (dist is None or dist.rank == 0):
         Path(inputs.checkpoint_path).unlink(missing_ok=True)  # the first run's, done
-    return _train(dataclasses.replace(inputs, tc=again), dev, dist)
+    found = found if again.input_clusters else None
+    return _train(dataclasses.replace(inputs, tc=again), found, dev, dist)
 
 
 def _refit_config(inputs: _RunInputs, trained: TrainedModel) -> TrainConfig | None:
@@ -280,8 +286,32 @@ def _refit_config(inputs: _RunInputs, trained: TrainedModel) -> TrainConfig | No
     return dataclasses.replace(tc, min_steps=tc.refit_steps)
 
 
+def _unfold_config(inputs: _RunInputs, trained: TrainedModel) -> TrainConfig | None:
+    """The configuration to train again with when the input clusters folded the latent
+    (``fold_check``; :mod:`locusformer.train.fold`): the same without them. None when the
+    check is off or the run kept the input's structure."""
+    tc = inputs.tc
+    if not tc.fold_check:
+        return None
+    kept = fold_capture(trained.module, inputs.X, inputs.codes, inputs.seed)
+    if kept is None:
+        return None
+    folded = kept < FOLD_BELOW
+    log.info(
+        "fold check: the corrected matrix explains %.2f of the quick correction's structure "
+        "(%s %.2f): %s",
+        kept,
+        "below" if folded else "at least",
+        FOLD_BELOW,
+        "the latent folded, training again without the input clusters" if folded else "kept",
+    )
+    if not folded:
+        return None
+    return dataclasses.replace(tc, input_clusters=0)
+
+
 def _train(
-    inputs: _RunInputs, dev: torch.device, dist: Dist | None
+    inputs: _RunInputs, found: np.ndarray | None, dev: torch.device, dist: Dist | None
 ) -> tuple[TrainedModel, pd.DataFrame]:
     """Train on checked ``inputs`` on ``dev`` (one process of several when ``dist`` is set);
     :func:`train_corrector`'s result."""
@@ -323,7 +353,7 @@ def _train(
             # A log file (the workflow's case) gets a line every 30 s, not every epoch.
             mininterval=0.1 if sys.stderr.isatty() else 30.0,
         )
-        levels = _levels(inputs, n_batches)
+        levels = inputs.covariates if found is None else joint_levels(inputs.covariates, found)
         # The adversary's target follows the protected levels alone: the input's clusters
         # are a guess, and a target kept to the batches of a cluster that the quick
         # correction left split by batch would hold that split (CellBench's five sets:
@@ -373,17 +403,15 @@ def _train(
     return trained, history
 
 
-def _levels(inputs: _RunInputs, n_batches: int) -> np.ndarray | None:
-    """(n,) the levels the level term removes the batch within: the protected
-    covariates' crossed with the input's own clusters (``input_clusters``); None when
-    neither is given."""
+def _input_clusters(inputs: _RunInputs) -> np.ndarray | None:
+    """(n,) the input's own clusters (``input_clusters``); the level term removes the
+    batch within them crossed with the protected covariates. None when off, with one
+    batch, or where the quick correction holds no structure to cluster. Found once per
+    call: a second run that keeps them (``refit_steps``) trains within the same ones."""
     tc = inputs.tc
-    found = None
-    if tc.input_clusters and n_batches > 1:
-        found = input_levels(inputs.X, inputs.codes, tc.input_clusters, inputs.seed)
-    if found is None:  # the protected levels as given
-        return inputs.covariates
-    return joint_levels(inputs.covariates, found)
+    if not tc.input_clusters or len(inputs.batch_names) < 2:
+        return None
+    return input_levels(inputs.X, inputs.codes, tc.input_clusters, inputs.seed)
 
 
 def _build_model(

@@ -1,0 +1,111 @@
+"""Whether the input clusters folded the latent, and the run's second try without them
+(issue 38).
+
+The level term removes the batch within the input's clusters
+(:func:`locusformer.train.alignment.input_levels`) as a share of the latent's total
+spread. On shallow counts, where the reconstruction barely resists, the encoder can lower
+that share by spreading a few clusters along one or two axes and folding the rest onto
+them: the corrected matrix then keeps fewer axes than the biology has, and groups merge
+(the suite's ``n-3000`` on a shallow library: 0.662 against 0.829 without the clusters,
+seed 0; docs/notes/2026-12-06.md). The latent's own rank does not tell a fold from
+learning: a healthy trajectory's corrected matrix is as flat as a folded one.
+
+What a fold cannot hide is the input's structure. The input corrected quickly and without
+labels (ComBat, each batch re-centred on its mutual nearest neighbours: the correction the
+clusters were found on) holds the biology on its principal axes that stand above a
+column-shuffled null (Horn's parallel analysis). A corrected matrix that kept the biology
+explains most of those axes' variance with as many of its own; one that folded loses the
+later axes (:func:`fold_capture`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from locusformer.model.network import LocusFormer
+
+#: A run whose corrected matrix explains less than this share of the quick correction's
+#: structure is trained again without the input clusters. Set between the runs that
+#: folded (0.38-0.48: the shallow ``n-3000`` at seeds 0 and 2, a 10,000-sample draw of
+#: the scale generator) and those that did not (0.68-0.88: eight deep suite scenarios,
+#: the shallow ``n-3000`` at seed 1), seed 0 (docs/notes/2026-12-06.md).
+FOLD_BELOW = 0.6
+#: Rows the check reads at most (seeded sample).
+FOLD_MAX_ROWS = 5000
+#: Principal axes the structure is sought among at most.
+FOLD_MAX_AXES = 20
+
+
+def structured_axes(x: np.ndarray, seed: int) -> int:
+    """Principal axes of ``x`` (samples x loci, each locus standardized) whose variance
+    exceeds that of the main axis of the same values with every locus shuffled on its own
+    (Horn's parallel analysis), at most :data:`FOLD_MAX_AXES`."""
+    from sklearn.utils.extmath import randomized_svd
+
+    sd = x.std(axis=0)
+    z = (x[:, sd > 0] - x[:, sd > 0].mean(axis=0)) / sd[sd > 0]
+    rng = np.random.default_rng([seed, 6])
+    shuffled = np.take_along_axis(z, rng.random(z.shape).argsort(axis=0), axis=0)
+    most = max(1, min(FOLD_MAX_AXES, *z.shape) - 1)
+    s = randomized_svd(z, most, random_state=seed)[1]
+    top = randomized_svd(shuffled, 1, random_state=seed)[1][0]
+    return int((s > top).sum())
+
+
+def _scores(x: np.ndarray, k: int) -> np.ndarray:
+    """(n, k) scores of ``x``'s first ``k`` principal axes (centred, as given)."""
+    from sklearn.utils.extmath import randomized_svd
+
+    centred = x - x.mean(axis=0)
+    u, s, _ = randomized_svd(centred, k, random_state=0)
+    return u * s
+
+
+def capture(corrected: np.ndarray, quick: np.ndarray, seed: int) -> float | None:
+    """Share of ``quick``'s structured variance (the scores of its first m principal axes,
+    m its :func:`structured_axes`) that ``corrected``'s first m principal axes explain,
+    least squares, both samples x loci of the same samples. None when ``quick`` holds no
+    structure."""
+    m = structured_axes(quick, seed)
+    if m == 0:
+        return None
+    q = _scores(quick, m)
+    c = _scores(corrected, min(m, min(corrected.shape) - 1))
+    basis = c / np.maximum(np.linalg.norm(c, axis=0), 1e-12)
+    residual = q - basis @ (basis.T @ q)
+    return float(1.0 - (residual**2).sum() / max((q**2).sum(), 1e-12))
+
+
+def fold_capture(net: LocusFormer, X: np.ndarray, codes: np.ndarray, seed: int) -> float | None:
+    """:func:`capture` of ``net``'s corrected matrix (every sample decoded with all batches
+    alike, as ``locusformer correct`` does by default) against the quick correction of
+    ``X`` (samples x loci log-expression): about 0.7 or more where the biology's axes were
+    kept, below :data:`FOLD_BELOW` where the latent folded. None when the quick correction
+    cannot be made (a batch of one sample) or holds no structure.
+
+    Computed on at most :data:`FOLD_MAX_ROWS` rows, fp32 on the CPU.
+    """
+    from locusformer.pp.combat import combat
+    from locusformer.train.alignment import mnn_recentred
+
+    rows = np.arange(len(X))
+    if len(rows) > FOLD_MAX_ROWS:
+        rows = np.sort(np.random.default_rng([seed, 10]).choice(len(X), FOLD_MAX_ROWS, False))
+    codes = np.asarray(codes)[rows]
+    counts = np.bincount(codes)
+    if counts[counts > 0].min() < 2:
+        return None
+    x = np.asarray(X[rows], dtype=np.float32)
+    was_training = net.training
+    device = next(net.parameters()).device
+    net.eval().cpu()
+    try:
+        with torch.inference_mode():
+            z, _ = net.encode(net.standardize(torch.from_numpy(x)))
+            mean = net.reference_condition(None, len(x), torch.device("cpu"))
+            corrected = net.unstandardize(net.decode(z, mean).float()).numpy()
+    finally:
+        net.train(was_training).to(device)
+    quick = mnn_recentred(combat(x, codes), codes, seed)
+    return capture(corrected, quick, seed)
