@@ -16,9 +16,10 @@ the quick correction that need no label:
   that are among its 15 in the quick correction, averaged;
 - ``top2``: share of the corrected matrix's variance on its first two axes.
 
-``--capture FOLDER`` prints, for the matrices ``--save FOLDER`` kept, :func:`capture`: the
-share of the quick correction's structured variance that the corrected matrix's leading
-axes explain.
+``--capture FOLDER`` prints, for the matrices ``--save FOLDER`` kept, the quick
+correction's structured axes and :func:`locusformer.train.fold.capture`, the statistic of
+``training.fold_check``: the share of the quick correction's structured variance that the
+corrected matrix's leading axes explain.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/fold_guard.py --out OUT.tsv \\
         --scenarios n-3000 --library shallow --seeds 0 1 2 --off
@@ -45,6 +46,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "simulated"))
 from suite import BATCH_KEY, LABEL_KEY, prepare  # noqa: E402
 
 from locusformer.simulate.scenarios import SUITE  # noqa: E402
+from locusformer.train.fold import capture, structured_axes  # noqa: E402
 
 COLUMNS = (
     "data", "variant", "seed", "batch", "bio", "total", "pr", "pr_quick", "knn", "top2",
@@ -82,38 +84,12 @@ def knn_overlap(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean([len(np.intersect1d(x, y)) / K for x, y in zip(na, nb, strict=True)]))
 
 
-def structured_axes(x: np.ndarray, seed: int, most: int = 20) -> int:
-    """Axes of ``x`` (loci standardized) whose variance exceeds the main axis of the same
-    values with every locus shuffled on its own (Horn's parallel analysis)."""
-    from sklearn.utils.extmath import randomized_svd
-
-    sd = x.std(axis=0)
-    z = (x[:, sd > 0] - x[:, sd > 0].mean(axis=0)) / sd[sd > 0]
-    rng = np.random.default_rng([seed, 6])
-    shuffled = np.take_along_axis(z, rng.random(z.shape).argsort(axis=0), axis=0)
-    s = randomized_svd(z, most, random_state=seed)[1]
-    top = randomized_svd(shuffled, 1, random_state=seed)[1][0]
-    return int((s > top).sum())
-
-
-def capture(corrected: np.ndarray, quick: np.ndarray, seed: int = 0) -> tuple[float, int]:
-    """Share of the quick correction's structured variance (its first m principal
-    components, m its :func:`structured_axes`) that the corrected matrix's first m
-    principal components explain (least squares), and m. A fold keeps fewer axes than
-    the biology has, so the quick correction's later ones fall outside."""
-    m = structured_axes(quick, seed)
-    q = spectrum(quick, m)[0]
-    c = spectrum(corrected, m)[0]
-    basis = c / np.linalg.norm(c, axis=0)
-    residual = q - basis @ (basis.T @ q)
-    return float(1 - (residual**2).sum() / (q**2).sum()), m
-
-
 def captures(folder: Path) -> None:
     """:func:`capture` of every matrix pair ``--save`` wrote into ``folder``."""
     for path in sorted(folder.glob("*.npz")):
         saved = np.load(path)
-        share, m = capture(saved["corrected"], saved["quick"])
+        m = structured_axes(saved["quick"], 0)
+        share = capture(saved["corrected"], saved["quick"], 0)
         print(f"{path.stem}\t{m}\t{share:.3f}", flush=True)
 
 

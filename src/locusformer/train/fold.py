@@ -35,21 +35,28 @@ FOLD_BELOW = 0.6
 FOLD_MAX_ROWS = 5000
 #: Principal axes the structure is sought among at most.
 FOLD_MAX_AXES = 20
+#: Column shuffles whose largest main axis is the noise level.
+NULL_DRAWS = 5
 
 
 def structured_axes(x: np.ndarray, seed: int) -> int:
     """Principal axes of ``x`` (samples x loci, each locus standardized) whose variance
     exceeds that of the main axis of the same values with every locus shuffled on its own
-    (Horn's parallel analysis), at most :data:`FOLD_MAX_AXES`."""
+    (Horn's parallel analysis; the largest over :data:`NULL_DRAWS` shuffles), at most
+    :data:`FOLD_MAX_AXES`."""
     from sklearn.utils.extmath import randomized_svd
 
     sd = x.std(axis=0)
     z = (x[:, sd > 0] - x[:, sd > 0].mean(axis=0)) / sd[sd > 0]
     rng = np.random.default_rng([seed, 6])
-    shuffled = np.take_along_axis(z, rng.random(z.shape).argsort(axis=0), axis=0)
     most = max(1, min(FOLD_MAX_AXES, *z.shape) - 1)
     s = randomized_svd(z, most, random_state=seed)[1]
-    top = randomized_svd(shuffled, 1, random_state=seed)[1][0]
+    # The largest of a few shuffles' main axes: one shuffle's varies as much as noise
+    # axes differ from one another, and noise would then count as structure.
+    top = 0.0
+    for _ in range(NULL_DRAWS):
+        shuffled = np.take_along_axis(z, rng.random(z.shape).argsort(axis=0), axis=0)
+        top = max(top, randomized_svd(shuffled, most, random_state=seed)[1][0])
     return int((s > top).sum())
 
 
