@@ -71,19 +71,21 @@ def _same(a, b) -> bool:
 def test_a_folded_run_is_the_run_without_the_input_clusters(data, monkeypatch, caplog) -> None:
     monkeypatch.setattr(loop, "FOLD_BELOW", 1.01)  # every run reads as folded
     with caplog.at_level(logging.INFO, logger="locusformer.train.loop"):
-        checked, _ = _train(data, fold_check=True)
+        checked, _ = _train(data)  # the check is on by default
     assert "training again without the input clusters" in caplog.text
     assert _same(checked, _train(data, input_clusters=0)[0])
-    assert not _same(checked, _train(data)[0])
+    assert not _same(checked, _train(data, fold_check=False)[0])
 
 
-def test_a_kept_run_and_a_run_without_the_check_are_the_defaults_own(data, monkeypatch) -> None:
-    defaults, _ = _train(data)
+def test_a_kept_run_is_the_run_without_the_check(data, monkeypatch) -> None:
+    unchecked, _ = _train(data, fold_check=False)
     monkeypatch.setattr(loop, "FOLD_BELOW", -1.0)  # no run reads as folded
-    assert _same(_train(data, fold_check=True)[0], defaults)
+    assert _same(_train(data)[0], unchecked)
 
+
+def test_the_check_does_not_run_when_off(data, monkeypatch) -> None:
     def never(*args, **kwargs):
         raise AssertionError("the check ran while off")
 
     monkeypatch.setattr(loop, "fold_capture", never)
-    assert _same(_train(data)[0], defaults)
+    _train(data, fold_check=False)
