@@ -161,7 +161,12 @@ def test_training_removes_the_batch_within_the_input_clusters() -> None:
 
     torch.set_num_threads(1)
     sim, labels = _two_groups(160)
-    train = dict(max_epochs=3, batch_size=32, batch_mean_clusters=2, adversary_rampup_epochs=1)
+    # Without the fold check (tests/test_fold.py): a run of three epochs has not learned
+    # the groups yet, reads as folded and would be trained again without the clusters.
+    train = dict(
+        max_epochs=3, batch_size=32, batch_mean_clusters=2, adversary_rampup_epochs=1,
+        fold_check=False,
+    )  # fmt: skip
 
     def run(**overrides):
         tc = {**train, **overrides}
@@ -191,7 +196,11 @@ def test_input_clusters_leave_the_adversary_target_to_the_protected_levels(monke
     monkeypatch.setattr(loop, "adversary_targets", record)
     torch.set_num_threads(1)
     sim, labels = _two_groups(120)
-    train = dict(max_epochs=2, batch_size=32, input_clusters=2, adversary_rampup_epochs=1)
+    # Without the fold check, which a two-epoch run would fire (as above).
+    train = dict(
+        max_epochs=2, batch_size=32, input_clusters=2, adversary_rampup_epochs=1,
+        fold_check=False,
+    )  # fmt: skip
     protected = np.asarray(sim.group, dtype=np.int64)
     loop.train_corrector(sim.X, labels, sim.loci, SMALL, train, seed=0, progress=False)
     loop.train_corrector(

@@ -277,7 +277,7 @@ class TrainConfig:
     # latent onto one or two axes (the suite's n-3000 on a shallow library, three seeds:
     # 0.765 without the check, 0.845 with it). On by default: it kept every run of the
     # suite's 29 scenarios and of the 9 CellBench tasks, three seeds each (least share
-    # 0.64 and 0.66), which are therefore the defaults' own (docs/notes/2026-12-06.md).
+    # 0.63 and 0.66), which are therefore the defaults' own (docs/notes/2026-12-06.md).
     fold_check: bool = True
     warmup_fraction: float = 0.05  # of all steps, then cosine decay to 0
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
