@@ -237,13 +237,13 @@ def train_corrector(
             progress=progress,
             on_epoch_end=on_epoch_end,
         )
-        return _train_and_refit(inputs, dev, dist)
+        return _train_and_retry(inputs, dev, dist)
     finally:
         if dist is not None and dist.owns_group:
             torch.distributed.destroy_process_group()
 
 
-def _train_and_refit(
+def _train_and_retry(
     inputs: _RunInputs, dev: torch.device, dist: Dist | None
 ) -> tuple[TrainedModel, pd.DataFrame]:
     """:func:`_train`, and again with more steps where :func:`_refit_config` says so, or
@@ -399,7 +399,8 @@ def _train(
 
     trained, history = _best_model(inputs, model, state, rank0)
     if rank0 and never_compared(history):
-        warnings.warn(NEVER_COMPARED, stacklevel=3)
+        # The caller of train_corrector (through _train_and_retry), not this module.
+        warnings.warn(NEVER_COMPARED, stacklevel=4)
     return trained, history
 
 
