@@ -43,10 +43,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks" / "simulated"))
 
+from probes import append_row, score_matrix  # noqa: E402
 from suite import BATCH_KEY, LABEL_KEY, prepare  # noqa: E402
 
 from locusformer.simulate.scenarios import SUITE  # noqa: E402
-from locusformer.train.fold import capture, structured_axes  # noqa: E402
+from locusformer.train.fold import capture, quick_correction, structured_axes  # noqa: E402
 
 COLUMNS = (
     "data", "variant", "seed", "batch", "bio", "total", "pr", "pr_quick", "knn", "top2",
@@ -93,13 +94,6 @@ def captures(folder: Path) -> None:
         print(f"{path.stem}\t{m}\t{share:.3f}", flush=True)
 
 
-def quick_matrix(x: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray:
-    from locusformer.pp.combat import combat
-    from locusformer.train.alignment import mnn_recentred
-
-    return mnn_recentred(combat(x, codes), codes, seed)
-
-
 def prepare_file(expression: Path, samples: Path):
     """A ``locusformer simulate`` data set (samples x genes .h5ad and its sample sheet)
     as :func:`suite.prepare` hands a scenario on: normalized, loci in genomic order by the
@@ -125,8 +119,6 @@ def prepare_file(expression: Path, samples: Path):
 def run(name: str, scenario, seed: int, variants: list[str], out: Path, save: Path | None) -> None:
     from locusformer.baselines.methods import run_method
     from locusformer.infer.correct import correct
-    from locusformer.io.results import make_result
-    from locusformer.scoring.metrics import score_method
     from locusformer.train.loop import train_corrector
 
     adata, _, loci = prepare(scenario, seed) if scenario is not None else prepare_file(*name)
@@ -134,7 +126,7 @@ def run(name: str, scenario, seed: int, variants: list[str], out: Path, save: Pa
         name = str(name[0].parent.name)
     x = np.asarray(adata.X, dtype=np.float32)
     codes = adata.obs[BATCH_KEY].cat.codes.to_numpy()
-    quick = quick_matrix(x, codes, seed)
+    quick = quick_correction(x, codes, seed)
     quick_scores, _ = spectrum(quick)
     pr_quick = participation(quick)
     axes_quick = structured_axes(quick, seed)
@@ -147,12 +139,7 @@ def run(name: str, scenario, seed: int, variants: list[str], out: Path, save: Pa
         seconds = time.perf_counter() - start
         corrected, _ = correct(model, x, batches)
         corrected = np.asarray(corrected, dtype=np.float32)
-        result = make_result(
-            corrected, method="locusformer", representation="matrix", obs=adata.obs,
-            var_names=adata.var_names, batch_key=BATCH_KEY, label_key=LABEL_KEY,
-        )  # fmt: skip
-        values = score_method(result, uncorrected, BATCH_KEY, LABEL_KEY, seed=seed)
-        values = values.set_index("metric")["value"]
+        scored = score_matrix(corrected, adata, uncorrected, (BATCH_KEY, LABEL_KEY), seed)
         scores, share = spectrum(corrected)
         if save is not None:
             save.mkdir(parents=True, exist_ok=True)
@@ -161,15 +148,11 @@ def run(name: str, scenario, seed: int, variants: list[str], out: Path, save: Pa
                 quick=quick, label=adata.obs[LABEL_KEY].astype(str).to_numpy(), batch=codes,
             )  # fmt: skip
         row = [
-            name, variant, seed, values["Batch correction"], values["Bio conservation"],
-            values["Total"], participation(corrected), pr_quick,
+            name, variant, seed, *scored, participation(corrected), pr_quick,
             knn_overlap(scores, quick_scores), float(share[:2].sum()), round(seconds, 1),
             axes_quick,
         ]  # fmt: skip
-        line = "\t".join(f"{v:.4f}" if isinstance(v, float) else str(v) for v in row)
-        print(line, flush=True)
-        with open(out, "a") as fh:
-            fh.write(line + "\n")
+        append_row(out, [f"{v:.4f}" if isinstance(v, float) else v for v in row])
 
 
 def main() -> None:

@@ -410,13 +410,24 @@ def structure_ratio(x: np.ndarray, seed: int) -> float:
     groups or a continuum."""
     from sklearn.utils.extmath import randomized_svd
 
-    sd = x.std(axis=0)
-    varying = x[:, sd > 0]
-    z = (varying - varying.mean(axis=0)) / sd[sd > 0]
-    rng = np.random.default_rng([seed, 6])
-    shuffled = np.take_along_axis(z, rng.random(z.shape).argsort(axis=0), axis=0)
+    z = standardized_loci(x)
+    shuffled = shuffled_loci(z, np.random.default_rng([seed, 6]))
     top = [randomized_svd(m, 1, random_state=seed)[1][0] for m in (z, shuffled)]
     return float((top[0] / max(top[1], 1e-12)) ** 2)
+
+
+def standardized_loci(x: np.ndarray) -> np.ndarray:
+    """``x`` (samples x loci) with each varying locus centred and scaled to unit sd, the
+    constant ones left out."""
+    sd = x.std(axis=0)
+    varying = x[:, sd > 0]
+    return (varying - varying.mean(axis=0)) / sd[sd > 0]
+
+
+def shuffled_loci(z: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``z`` with every locus (column) shuffled on its own: the null of parallel analysis,
+    each locus's values kept, their co-variation across samples broken."""
+    return np.take_along_axis(z, rng.random(z.shape).argsort(axis=0), axis=0)
 
 
 def joint_levels(*levels: np.ndarray | None) -> np.ndarray | None:

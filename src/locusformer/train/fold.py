@@ -24,6 +24,9 @@ import numpy as np
 import torch
 
 from locusformer.model.network import LocusFormer
+from locusformer.pp.combat import combat
+from locusformer.train.alignment import mnn_recentred, shuffled_loci, standardized_loci
+from locusformer.train.runtime import evaluating_on_cpu, sampled_rows
 
 #: A run whose corrected matrix explains less than this share of the quick correction's
 #: structure is trained again without the input clusters. Set between the runs that
@@ -46,8 +49,7 @@ def structured_axes(x: np.ndarray, seed: int) -> int:
     :data:`FOLD_MAX_AXES`."""
     from sklearn.utils.extmath import randomized_svd
 
-    sd = x.std(axis=0)
-    z = (x[:, sd > 0] - x[:, sd > 0].mean(axis=0)) / sd[sd > 0]
+    z = standardized_loci(x)
     rng = np.random.default_rng([seed, 6])
     most = max(1, min(FOLD_MAX_AXES, *z.shape) - 1)
     s = randomized_svd(z, most, random_state=seed)[1]
@@ -55,8 +57,7 @@ def structured_axes(x: np.ndarray, seed: int) -> int:
     # axes differ from one another, and noise would then count as structure.
     top = 0.0
     for _ in range(NULL_DRAWS):
-        shuffled = np.take_along_axis(z, rng.random(z.shape).argsort(axis=0), axis=0)
-        top = max(top, randomized_svd(shuffled, most, random_state=seed)[1][0])
+        top = max(top, randomized_svd(shuffled_loci(z, rng), most, random_state=seed)[1][0])
     return int((s > top).sum())
 
 
@@ -93,26 +94,22 @@ def fold_capture(net: LocusFormer, X: np.ndarray, codes: np.ndarray, seed: int) 
 
     Computed on at most :data:`FOLD_MAX_ROWS` rows, fp32 on the CPU.
     """
-    from locusformer.pp.combat import combat
-    from locusformer.train.alignment import mnn_recentred
 
-    rows = np.arange(len(X))
-    if len(rows) > FOLD_MAX_ROWS:
-        rows = np.sort(np.random.default_rng([seed, 10]).choice(len(X), FOLD_MAX_ROWS, False))
+    rows = sampled_rows(len(X), FOLD_MAX_ROWS, [seed, 10])
     codes = np.asarray(codes)[rows]
     counts = np.bincount(codes)
     if counts[counts > 0].min() < 2:
         return None
     x = np.asarray(X[rows], dtype=np.float32)
-    was_training = net.training
-    device = next(net.parameters()).device
-    net.eval().cpu()
-    try:
-        with torch.inference_mode():
-            z, _ = net.encode(net.standardize(torch.from_numpy(x)))
-            mean = net.reference_condition(None, len(x), torch.device("cpu"))
-            corrected = net.unstandardize(net.decode(z, mean).float()).numpy()
-    finally:
-        net.train(was_training).to(device)
-    quick = mnn_recentred(combat(x, codes), codes, seed)
-    return capture(corrected, quick, seed)
+    with evaluating_on_cpu(net), torch.inference_mode():
+        z, _ = net.encode(net.standardize(torch.from_numpy(x)))
+        mean = net.reference_condition(None, len(x), torch.device("cpu"))
+        corrected = net.unstandardize(net.decode(z, mean).float()).numpy()
+    return capture(corrected, quick_correction(x, codes, seed), seed)
+
+
+def quick_correction(x: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray:
+    """``x`` (samples x loci) corrected quickly and without labels, as the input clusters'
+    search corrects it (:func:`locusformer.train.alignment.quick_scores`, before its PCA):
+    ComBat, then each batch re-centred on its mutual nearest neighbours."""
+    return mnn_recentred(combat(x, codes), codes, seed)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from locusformer.model.network import LocusFormer
+from locusformer.train.runtime import evaluating_on_cpu, sampled_rows
 
 #: A short run is trained again when its decoder reconstructs less than this share of
 #: the structure above noise: half, set after seeing the suite's runs (40-sample studies
@@ -93,20 +94,12 @@ def decoder_fit(net: LocusFormer, X: np.ndarray, codes: np.ndarray, seed: int) -
 
     Computed on at most :data:`FIT_MAX_ROWS` rows, in standardized loci, fp32 on the CPU.
     """
-    rows = np.arange(len(X))
-    if len(rows) > FIT_MAX_ROWS:
-        rows = np.sort(np.random.default_rng([seed, 9]).choice(len(X), FIT_MAX_ROWS, False))
+    rows = sampled_rows(len(X), FIT_MAX_ROWS, [seed, 9])
     codes = np.asarray(codes)[rows]
-    was_training = net.training
-    device = next(net.parameters()).device
-    net.eval().cpu()
-    try:
-        with torch.inference_mode():
-            xs = net.standardize(torch.as_tensor(np.asarray(X[rows], dtype=np.float32)))
-            z, _ = net.encode(xs)
-            own = net.decode(z, net.condition(torch.as_tensor(codes))).float().numpy()
-    finally:
-        net.train(was_training).to(device)
+    with evaluating_on_cpu(net), torch.inference_mode():
+        xs = net.standardize(torch.as_tensor(np.asarray(X[rows], dtype=np.float32)))
+        z, _ = net.encode(xs)
+        own = net.decode(z, net.condition(torch.as_tensor(codes))).float().numpy()
     x = xs.numpy().astype(np.float64)
     possible = structure_gain(x, codes, seed)
     if possible <= 0:

@@ -56,6 +56,27 @@ def deterministic(enabled: bool) -> Iterator[None]:
         torch.use_deterministic_algorithms(before, warn_only=before_warn)
 
 
+@contextlib.contextmanager
+def evaluating_on_cpu(net: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``net`` in eval mode on the CPU for the block (a check after training, in fp32),
+    then back in its mode on its device."""
+    was_training = net.training
+    device = next(net.parameters()).device
+    net.eval().cpu()
+    try:
+        yield net
+    finally:
+        net.train(was_training).to(device)
+
+
+def sampled_rows(n: int, most: int, key: list[int]) -> np.ndarray:
+    """Sorted rows of ``n``: all, or ``most`` drawn without replacement by the generator
+    seeded with ``key`` where there are more."""
+    if n <= most:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(key).choice(n, most, False))
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)  # noqa: NPY002 - the global state third-party code uses
