@@ -17,6 +17,10 @@ machine and seeds of the run behind it:
     .venv/bin/python benchmarks/simulated/suite.py --work W2 --seeds 0 1 2 --library shallow \\
         --scenarios n-3000 atlas-10-batches
     .venv/bin/python benchmarks/results_tables.py simulated --work W2 --block simulated-shallow
+    # its small studies (tens of samples), a table of their own
+    .venv/bin/python benchmarks/simulated/suite.py --work W3 --seeds 0 1 2 \\
+        --scenarios n-40 n-150 bulk-6-batches bulk-confounded
+    .venv/bin/python benchmarks/results_tables.py simulated --work W3 --block simulated-small
     # the workflow's cost per rule at scale, three runs of each code, interleaved
     .venv/bin/python benchmarks/workflow_scale.py --sizes 10000 100000 1000000 --repeats 3 \\
         --code /tmp/ref --label reference --code . --label current
@@ -44,6 +48,7 @@ DOCUMENTS = {
     "demo": [ROOT / "docs" / "results.md"],
     "simulated": [ROOT / "docs" / "results.md"],
     "simulated-shallow": [ROOT / "docs" / "results.md"],
+    "simulated-small": [ROOT / "docs" / "results.md"],
     "scale": [ROOT / "docs" / "results.md"],
 }
 TASKS = {
@@ -347,8 +352,10 @@ def main() -> None:
     p.add_argument("--work", type=Path, required=True, help="simulated/suite.py's --work folder")
     p.add_argument("--check", action="store_true", help="compare, write nothing")
     p.add_argument(
-        "--block", choices=("simulated", "simulated-shallow"), default="simulated",
-        help="the table to write: the suite, or its scenarios on a shallow library",
+        "--block", choices=("simulated", "simulated-shallow", "simulated-small"),
+        default="simulated",
+        help="the table to write: the suite, its scenarios on a shallow library, or its "
+        "small studies",
     )  # fmt: skip
     p = commands.add_parser("scale")
     p.add_argument(

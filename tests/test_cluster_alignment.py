@@ -233,7 +233,7 @@ def test_training_with_clusters_resumes_where_it_stopped(tmp_path) -> None:
     small = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
     tc = dict(
         max_epochs=4, batch_size=32, batch_mean_scope="clusters", batch_mean_clusters=3,
-        adversary_rampup_epochs=1,
+        adversary_rampup_epochs=1, refit_steps=0,
     )  # fmt: skip
     torch.set_num_threads(1)
     args = (sim.X, labels, sim.loci, small)
@@ -278,7 +278,7 @@ def _trained_with_cover(X, labels, loci, cover: bool, monkeypatch) -> tuple[dict
     small = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
     tc = dict(
         max_epochs=4, batch_size=32, batch_mean_clusters=3, adversary_rampup_epochs=1,
-        batch_mean_cover=cover,
+        batch_mean_cover=cover, refit_steps=0,
     )  # fmt: skip
     torch.set_num_threads(1)
     model, _ = train.train_corrector(

@@ -44,6 +44,7 @@ TRAIN = {
     "adversary_weight": 0.5,
     "mmd_weight": 0.5,
     "patience": 5,
+    "refit_steps": 0,
 }
 
 

@@ -19,7 +19,7 @@ MODEL = dict(
     patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=8,
     decoder_hidden=32, discriminator_hidden=16,
 )  # fmt: skip
-TRAIN = dict(max_epochs=2, batch_size=32, adversary_rampup_epochs=1)
+TRAIN = dict(max_epochs=2, batch_size=32, adversary_rampup_epochs=1, refit_steps=0)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

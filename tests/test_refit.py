@@ -19,7 +19,9 @@ MODEL = dict(
     patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=8,
     decoder_hidden=32, discriminator_hidden=16,
 )  # fmt: skip
-TRAIN = dict(max_epochs=2, batch_size=32, adversary_rampup_epochs=1, input_clusters=0)
+TRAIN = dict(
+    max_epochs=2, batch_size=32, adversary_rampup_epochs=1, input_clusters=0, refit_steps=0
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -104,3 +106,9 @@ def test_no_refit_when_off_or_when_the_run_is_long_enough(data) -> None:
     # 58 training rows, 2 minibatches a pass: 2 epochs are 4 steps, not fewer than 4
     _, enough = _train(data, refit_steps=4)
     assert len(enough) == TRAIN["max_epochs"]
+
+
+def test_a_schedule_shorter_than_its_ramp_up_is_left_as_asked(data) -> None:
+    # the run that the first test trains again, its ramp-up now longer than its epochs
+    _, history = _train(data, refit_steps=30, adversary_rampup_epochs=TRAIN["max_epochs"] + 1)
+    assert len(history) == TRAIN["max_epochs"]

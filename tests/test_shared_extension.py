@@ -24,7 +24,7 @@ SMALL = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
 # the toy's 4-epoch latent is the one the decision reads, as the tests describe.
 TRAIN = dict(
     max_epochs=4, batch_size=32, batch_mean_clusters=3, adversary_rampup_epochs=2,
-    shared_extension=0.75, input_clusters=0,
+    shared_extension=0.75, input_clusters=0, refit_steps=0,
 )  # fmt: skip
 
 

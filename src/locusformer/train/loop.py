@@ -264,26 +264,32 @@ def _train_and_retry(
 
 def _refit_config(inputs: _RunInputs, trained: TrainedModel) -> TrainConfig | None:
     """The configuration to train again with when the run was short and its decoder did
-    not learn the data (:mod:`locusformer.train.refit`), else None."""
+    not learn the data (:mod:`locusformer.train.refit`), else None.
+
+    A schedule that ends before its own ramp-up (``max_epochs`` below
+    ``adversary_rampup_epochs``) is a quick look asked for (a smoke test, a tutorial's two
+    epochs), not a study too small for its epochs: it is left as asked."""
     tc = inputs.tc
-    if tc.refit_steps <= tc.min_steps:
+    if tc.refit_steps <= tc.min_steps or tc.max_epochs < tc.adversary_rampup_epochs:
         return None
     n_train = len(stratified_split(inputs.codes, tc.val_fraction, inputs.seed)[0])
     steps = planned_steps(n_train, tc)
     if steps >= tc.refit_steps:
         return None
     fit = decoder_fit(trained.module, inputs.X, inputs.codes, inputs.seed)
-    if fit is None or fit >= REFIT_BELOW:
+    if fit is None:
         return None
+    learned = fit >= REFIT_BELOW
     log.info(
-        "training again with at least %d steps: after %d the decoder reconstructs %.2f of "
-        "the structure above noise (below %.2f)",
-        tc.refit_steps,
+        "refit check: after %d steps the decoder reconstructs %.2f of the structure above "
+        "noise (%s %.2f): %s",
         steps,
         fit,
+        "at least" if learned else "below",
         REFIT_BELOW,
+        "kept" if learned else f"training again with at least {tc.refit_steps} steps",
     )
-    return dataclasses.replace(tc, min_steps=tc.refit_steps)
+    return None if learned else dataclasses.replace(tc, min_steps=tc.refit_steps)
 
 
 def _unfold_config(inputs: _RunInputs, trained: TrainedModel) -> TrainConfig | None:

@@ -14,10 +14,11 @@ mean, over the gain of the within-batch data projected on its principal componen
 stand above a column-shuffled null (Horn's parallel analysis). Counts' noise lowers both
 alike, so a decoder that has learned the biology scores about 1 (CellBench's pseudo-bulk
 0.79-0.81; the suite's 600-sample studies 0.64-1.04) and one that has not about 0 or
-below (the suite's 40-sample studies -3.0-0.33; docs/notes/2026-12-06.md). It is not
-enough to make the second run a default: CellBench's confounded pseudo-bulk scores
-0.26-0.30 as well, its decoder having learned what the cell-line labels reward, and
-more steps lower the protected variant (0.786 to 0.771), so ``refit_steps`` is off.
+below (the suite's 40-sample studies: -3.0 to 0.33; docs/notes/2026-12-06.md). The
+threshold is low, a fifth, because CellBench's confounded pseudo-bulk reads 0.26-0.35,
+its decoder having learned what the cell-line labels reward, and more steps there lower
+the protected variant (0.786 to 0.771); at a fifth it keeps those runs and still trains
+again the 40-sample studies whose decoders returned their batch means.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from locusformer.model.network import LocusFormer
 from locusformer.train.runtime import evaluating_on_cpu, sampled_rows
 
 #: A short run is trained again when its decoder reconstructs less than this share of
-#: the structure above noise: half, set after seeing the suite's runs (40-sample studies
-#: at most 0.33, 600-sample ones at least 0.64; 150-sample ones 0.25-0.55).
-REFIT_BELOW = 0.5
+#: the structure above noise: a fifth, set between the suite's 40-sample runs that had
+#: learned nothing (-3.05 to 0.02) and the least of CellBench's short runs (0.26, the
+#: confounded pseudo-bulk, which more steps lower); the 150-sample studies read
+#: 0.27-0.55 (three seeds each, docs/notes/2026-12-06.md).
+REFIT_BELOW = 0.2
 #: Rows the check reads at most (seeded sample): a short run has few.
 FIT_MAX_ROWS = 5000
 #: Principal components the structure is sought among at most.
