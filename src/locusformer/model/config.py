@@ -272,7 +272,7 @@ class TrainConfig:
     # 300 rather than 0 (never): the suite's 40-sample studies, 40 steps at the defaults,
     # rose (n-40 0.416 to 0.602, bulk-6-batches 0.834 to 0.896, bulk-confounded 0.605 to
     # 0.671, three seeds); every other suite scenario and every CellBench task plans 300
-    # steps or more or kept its run (least share 0.26, the confounded pseudo-bulk), so
+    # steps or more or kept its run (least reading 0.26, the confounded pseudo-bulk), so
     # their results are as before (docs/notes/2026-12-06.md).
     refit_steps: int = 300
     # A run whose corrected matrix explains less than 0.6 of the structure of the input
