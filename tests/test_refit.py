@@ -112,3 +112,15 @@ def test_a_schedule_shorter_than_its_ramp_up_is_left_as_asked(data) -> None:
     # the run that the first test trains again, its ramp-up now longer than its epochs
     _, history = _train(data, refit_steps=30, adversary_rampup_epochs=TRAIN["max_epochs"] + 1)
     assert len(history) == TRAIN["max_epochs"]
+
+
+def test_a_kept_run_is_the_run_without_the_check(data, caplog, monkeypatch) -> None:
+    # every reading counts as learned: the check is computed, logged and keeps the run
+    monkeypatch.setattr("locusformer.train.loop.REFIT_BELOW", -np.inf)
+    with caplog.at_level(logging.INFO, logger="locusformer.train.loop"):
+        kept, history = _train(data, refit_steps=30)
+    assert "refit check" in caplog.text and ": kept" in caplog.text
+    unchecked, unchecked_history = _train(data)
+    assert len(history) == len(unchecked_history) == TRAIN["max_epochs"]
+    a, b = kept.module.state_dict(), unchecked.module.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
