@@ -117,6 +117,7 @@ def test_a_schedule_shorter_than_its_ramp_up_is_left_as_asked(data) -> None:
 def test_a_kept_run_is_the_run_without_the_check(data, caplog, monkeypatch) -> None:
     # every reading counts as learned: the check is computed, logged and keeps the run
     monkeypatch.setattr("locusformer.train.loop.REFIT_BELOW", -np.inf)
+    monkeypatch.setattr("locusformer.train.loop.FOLD_BELOW", -np.inf)
     with caplog.at_level(logging.INFO, logger="locusformer.train.loop"):
         kept, history = _train(data, refit_steps=30)
     assert "refit check" in caplog.text and ": kept" in caplog.text
@@ -124,3 +125,15 @@ def test_a_kept_run_is_the_run_without_the_check(data, caplog, monkeypatch) -> N
     assert len(history) == len(unchecked_history) == TRAIN["max_epochs"]
     a, b = kept.module.state_dict(), unchecked.module.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_short_run_that_lost_the_input_structure_is_trained_again(
+    data, caplog, monkeypatch
+) -> None:
+    # the decoder's reading passes; the corrected matrix's reading alone decides
+    monkeypatch.setattr("locusformer.train.loop.REFIT_BELOW", -np.inf)
+    monkeypatch.setattr("locusformer.train.loop.FOLD_BELOW", np.inf)
+    with caplog.at_level(logging.INFO, logger="locusformer.train.loop"):
+        _, history = _train(data, refit_steps=30)
+    assert "training again with at least 30 steps" in caplog.text
+    assert len(history) > TRAIN["max_epochs"]

@@ -10,6 +10,7 @@ decides when each of its terms weighs what, and steps the optimizer.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -250,10 +251,15 @@ def _train_and_retry(
     without the input clusters where :func:`_unfold_config` does."""
     found = _input_clusters(inputs)
     trained, history = _train(inputs, found, dev, dist)
+    # Both checks read how much of the quick correction's structure the run kept: computed
+    # once, when the first of them asks.
+    kept = functools.cache(
+        lambda: fold_capture(trained.module, inputs.X, inputs.codes, inputs.seed)
+    )
     # Every process holds the same weights and data, so all take the same decision.
-    again = _refit_config(inputs, trained)
+    again = _refit_config(inputs, trained, kept)
     if again is None and found is not None:
-        again = _unfold_config(inputs, trained)
+        again = _unfold_config(inputs, kept)
     if again is None:
         return trained, history
     if inputs.checkpoint_path is not None and (dist is None or dist.rank == 0):
@@ -262,9 +268,15 @@ def _train_and_retry(
     return _train(dataclasses.replace(inputs, tc=again), found, dev, dist)
 
 
-def _refit_config(inputs: _RunInputs, trained: TrainedModel) -> TrainConfig | None:
-    """The configuration to train again with when the run was short and its decoder did
-    not learn the data (:mod:`locusformer.train.refit`), else None.
+def _refit_config(
+    inputs: _RunInputs, trained: TrainedModel, kept: Callable[[], float | None]
+) -> TrainConfig | None:
+    """The configuration to train again with when the run was short and did not learn the
+    data (:mod:`locusformer.train.refit`), else None: its decoder reconstructs less than
+    :data:`REFIT_BELOW` of the structure above noise, or its corrected matrix explains
+    less than :data:`FOLD_BELOW` of the quick correction's (``kept``,
+    :func:`locusformer.train.fold.fold_capture`), the two readings of a decoder that
+    returns about each batch's mean.
 
     A schedule that ends before its own ramp-up (``max_epochs`` below
     ``adversary_rampup_epochs``) is a quick look asked for (a smoke test, a tutorial's two
@@ -277,36 +289,39 @@ def _refit_config(inputs: _RunInputs, trained: TrainedModel) -> TrainConfig | No
     if steps >= tc.refit_steps:
         return None
     fit = decoder_fit(trained.module, inputs.X, inputs.codes, inputs.seed)
-    if fit is None:
+    share = kept()
+    if fit is None and share is None:
         return None
-    learned = fit >= REFIT_BELOW
+    learned = (fit is None or fit >= REFIT_BELOW) and (share is None or share >= FOLD_BELOW)
     log.info(
-        "refit check: after %d steps the decoder reconstructs %.2f of the structure above "
-        "noise (%s %.2f): %s",
+        "refit check: after %d steps the decoder reconstructs %s of the structure above "
+        "noise (threshold %.2f) and the corrected matrix explains %s of the quick "
+        "correction's (threshold %.2f): %s",
         steps,
-        fit,
-        "at least" if learned else "below",
+        "-" if fit is None else f"{fit:.2f}",
         REFIT_BELOW,
+        "-" if share is None else f"{share:.2f}",
+        FOLD_BELOW,
         "kept" if learned else f"training again with at least {tc.refit_steps} steps",
     )
     return None if learned else dataclasses.replace(tc, min_steps=tc.refit_steps)
 
 
-def _unfold_config(inputs: _RunInputs, trained: TrainedModel) -> TrainConfig | None:
+def _unfold_config(inputs: _RunInputs, kept: Callable[[], float | None]) -> TrainConfig | None:
     """The configuration to train again with when the input clusters folded the latent
     (``fold_check``; :mod:`locusformer.train.fold`): the same without them. None when the
-    check is off or the run kept the input's structure."""
+    check is off or the run kept the input's structure (``kept``, :func:`fold_capture`)."""
     tc = inputs.tc
     if not tc.fold_check:
         return None
-    kept = fold_capture(trained.module, inputs.X, inputs.codes, inputs.seed)
-    if kept is None:
+    share = kept()
+    if share is None:
         return None
-    folded = kept < FOLD_BELOW
+    folded = share < FOLD_BELOW
     log.info(
         "fold check: the corrected matrix explains %.2f of the quick correction's structure "
         "(%s %.2f): %s",
-        kept,
+        share,
         "below" if folded else "at least",
         FOLD_BELOW,
         "the latent folded, training again without the input clusters" if folded else "kept",
