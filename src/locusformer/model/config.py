@@ -266,14 +266,15 @@ class TrainConfig:
     # one step an epoch). Off: it lowered CellBench's pseudo-bulk (docs/notes/2026-12-05.md).
     # 0: an epoch is a pass.
     min_epoch_steps: int = 0
-    # A run planned at fewer optimizer steps than this whose decoder reconstructs less
-    # than a fifth of the structure the data hold above noise is trained again with
-    # min_steps set to it (train.refit): a floor only where the decoder has not learned.
-    # 300 rather than 0 (never): the suite's 40-sample studies, 40 steps at the defaults,
-    # rose (n-40 0.416 to 0.602, bulk-6-batches 0.834 to 0.896, bulk-confounded 0.605 to
-    # 0.671, three seeds); every other suite scenario and every CellBench task plans 300
-    # steps or more or kept its run (least reading 0.26, the confounded pseudo-bulk), so
-    # their results are as before (docs/notes/2026-12-06.md).
+    # A run planned at fewer optimizer steps than this that did not learn the data is
+    # trained again with min_steps set to it (train.refit): its decoder reconstructs less
+    # than a fifth of the structure the data hold above noise, or its corrected matrix
+    # explains less than 0.6 of the quick correction's structure. A floor only where the
+    # decoder has not learned. 300 rather than 0 (never): the suite's 40-sample studies,
+    # 40 steps at the defaults, rose (n-40 0.416 to 0.740, bulk-6-batches 0.834 to 0.896,
+    # bulk-confounded 0.605 to 0.671, three seeds); every other suite scenario and every
+    # CellBench task plans 300 steps or more or kept its run (least readings 0.26 and
+    # 0.72), so their results are as before (docs/notes/2026-12-06.md).
     refit_steps: int = 300
     # A run whose corrected matrix explains less than 0.6 of the structure of the input
     # corrected quickly (ComBat, mutual-neighbour re-centring) is trained again without

@@ -293,18 +293,18 @@ def _refit_config(
     if fit is None and share is None:
         return None
     learned = (fit is None or fit >= REFIT_BELOW) and (share is None or share >= FOLD_BELOW)
-    log.info(
-        "refit check: after %d steps the decoder reconstructs %s of the structure above "
-        "noise (threshold %.2f) and the corrected matrix explains %s of the quick "
-        "correction's (threshold %.2f): %s",
-        steps,
-        "-" if fit is None else f"{fit:.2f}",
-        REFIT_BELOW,
-        "-" if share is None else f"{share:.2f}",
-        FOLD_BELOW,
-        "kept" if learned else f"training again with at least {tc.refit_steps} steps",
+    readings = (
+        f"the decoder reconstructs {_reading(fit)} of the structure above noise (threshold "
+        f"{REFIT_BELOW:.2f}) and the corrected matrix explains {_reading(share)} of the "
+        f"quick correction's (threshold {FOLD_BELOW:.2f})"
     )
+    decision = "kept" if learned else f"training again with at least {tc.refit_steps} steps"
+    log.info("refit check: after %d steps %s: %s", steps, readings, decision)
     return None if learned else dataclasses.replace(tc, min_steps=tc.refit_steps)
+
+
+def _reading(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _unfold_config(inputs: _RunInputs, kept: Callable[[], float | None]) -> TrainConfig | None:
