@@ -14,6 +14,14 @@ RESOURCES = ROOT / "resources"
 ANNOTATION = RESOURCES / "hs_gene_coordinates.tsv.gz"
 
 
+def same_state(a, b) -> bool:
+    """Whether two trained models (``TrainedModel``) hold the same weights, bit for bit."""
+    import torch
+
+    sa, sb = a.module.state_dict(), b.module.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
 @pytest.fixture
 def one_thread():
     """torch on one thread for the test, restored after. Tiny models gain nothing from

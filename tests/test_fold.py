@@ -7,7 +7,7 @@ import logging
 
 import numpy as np
 import pytest
-import torch
+from conftest import same_state
 
 import locusformer.train.loop as loop
 from locusformer.simulate.datasets import simulate
@@ -63,24 +63,19 @@ def _train(data, **train):
     )
 
 
-def _same(a, b) -> bool:
-    x, y = a.module.state_dict(), b.module.state_dict()
-    return all(torch.equal(x[k], y[k]) for k in x)
-
-
 def test_a_folded_run_is_the_run_without_the_input_clusters(data, monkeypatch, caplog) -> None:
     monkeypatch.setattr(loop, "FOLD_BELOW", 1.01)  # every run reads as folded
     with caplog.at_level(logging.INFO, logger="locusformer.train.loop"):
         checked, _ = _train(data)  # the check is on by default
     assert "training again without the input clusters" in caplog.text
-    assert _same(checked, _train(data, input_clusters=0)[0])
-    assert not _same(checked, _train(data, fold_check=False)[0])
+    assert same_state(checked, _train(data, input_clusters=0)[0])
+    assert not same_state(checked, _train(data, fold_check=False)[0])
 
 
 def test_a_kept_run_is_the_run_without_the_check(data, monkeypatch) -> None:
     unchecked, _ = _train(data, fold_check=False)
     monkeypatch.setattr(loop, "FOLD_BELOW", -1.0)  # no run reads as folded
-    assert _same(_train(data)[0], unchecked)
+    assert same_state(_train(data)[0], unchecked)
 
 
 def test_the_check_does_not_run_when_off(data, monkeypatch) -> None:

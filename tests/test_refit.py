@@ -7,6 +7,7 @@ import logging
 import numpy as np
 import pytest
 import torch
+from conftest import same_state
 
 from locusformer.model.config import ModelConfig, TrainConfig
 from locusformer.model.network import LocusFormer
@@ -96,8 +97,7 @@ def test_a_short_run_that_did_not_learn_is_the_run_with_the_floor(data, caplog) 
     assert "training again with at least 30 steps" in caplog.text
     floor, floor_history = _train(data, min_steps=30)
     assert len(history) == len(floor_history) > TRAIN["max_epochs"]
-    a, b = refit.module.state_dict(), floor.module.state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert same_state(refit, floor)
 
 
 def test_no_refit_when_off_or_when_the_run_is_long_enough(data) -> None:
@@ -123,8 +123,7 @@ def test_a_kept_run_is_the_run_without_the_check(data, caplog, monkeypatch) -> N
     assert "refit check" in caplog.text and ": kept" in caplog.text
     unchecked, unchecked_history = _train(data)
     assert len(history) == len(unchecked_history) == TRAIN["max_epochs"]
-    a, b = kept.module.state_dict(), unchecked.module.state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert same_state(kept, unchecked)
 
 
 def test_a_short_run_that_lost_the_input_structure_is_trained_again(

@@ -14,6 +14,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import same_state
 
 from locusformer.simulate.datasets import simulate
 from locusformer.train.loop import train_corrector
@@ -72,11 +73,6 @@ def _train(data, **overrides):
     return train_corrector(X, labels, loci, SMALL, tc, seed=0, device="cpu", progress=False)
 
 
-def _same(a, b) -> bool:
-    sa, sb = a.module.state_dict(), b.module.state_dict()
-    return all(torch.equal(sa[k], sb[k]) for k in sa)
-
-
 def test_batches_that_share_every_cluster_train_longer() -> None:
     data = _data(drop_group_from_batch_1=False)
     _, longer = _train(data)
@@ -94,7 +90,7 @@ def test_a_cluster_one_batch_lacks_leaves_the_run_as_it_was() -> None:
     model, history = _train(data)
     plain, plain_history = _train(data, shared_extension=0)
     assert len(history) == 4
-    assert _same(model, plain)
+    assert same_state(model, plain)
     np.testing.assert_array_equal(history["train_total"], plain_history["train_total"])
 
 
@@ -117,5 +113,5 @@ def test_a_longer_run_resumes_where_it_stopped(tmp_path) -> None:
         train_corrector(X, labels, loci, SMALL, TRAIN, on_epoch_end=interrupt, **common)
     assert torch.load(ckpt, weights_only=True)["extended"]
     resumed, again = train_corrector(X, labels, loci, SMALL, TRAIN, **common)
-    assert _same(whole, resumed)
+    assert same_state(whole, resumed)
     assert math.isclose(again["lr"].iloc[-1], history["lr"].iloc[-1])

@@ -11,10 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import same_state
 
 from locusformer.errors import InputError
 from locusformer.infer.correct import correct
-from locusformer.model.files import TrainedModel, load_model, save_model
+from locusformer.model.files import load_model, save_model
 from locusformer.simulate.datasets import simulate
 from locusformer.train.alignment import never_compared
 from locusformer.train.epoch_checks import validate
@@ -62,11 +63,6 @@ def run(data, tmp: Path | None = None, seed: int = 0, **kwargs):
         progress=False,
         **kwargs,
     )
-
-
-def same_state(a: TrainedModel, b: TrainedModel) -> bool:
-    sa, sb = a.module.state_dict(), b.module.state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 def test_same_seed_is_bit_identical_and_another_seed_is_not(data) -> None:

@@ -5,11 +5,11 @@ clusters cost biology, from deep ones, where they help?
 For each data set, on at most 5,000 rows (seeded, as the fold check samples them): the
 input corrected quickly (``locusformer.train.fold.quick_correction``: ComBat, each batch
 re-centred on its mutual nearest neighbours), each locus standardized, its principal axes
-against the largest main axis of five column shuffles (parallel analysis, as
-``fold.structured_axes``). One row per data set into ``--out`` (appended): the axes above
-the null, the share of the variance they carry beyond it (sum of ``s_i^2 - null^2`` over
-the total), the share they carry, the main axis over the null's
-(``alignment.structure_ratio``) and the main axis' share.
+against the largest main axis of five column shuffles (parallel analysis,
+``fold.spectrum_and_null``, which ``fold.structured_axes`` reads). One row per data set
+into ``--out`` (appended): the axes above the null, the share of the variance they carry
+beyond it (sum of ``s_i^2 - null^2`` over the total), the share they carry, the main
+axis over the null's (``alignment.structure_ratio``) and the main axis' share.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/structure_share.py --out s.tsv \\
         --scenarios middle n-3000 --library shallow --seeds 0 1 2
@@ -35,8 +35,8 @@ from probes import append_row  # noqa: E402
 from suite import BATCH_KEY, prepare  # noqa: E402
 
 from locusformer.simulate.scenarios import SUITE  # noqa: E402
-from locusformer.train.alignment import shuffled_loci, standardized_loci, structure_ratio  # noqa: E402
-from locusformer.train.fold import FOLD_MAX_AXES, NULL_DRAWS, quick_correction  # noqa: E402
+from locusformer.train.alignment import structure_ratio  # noqa: E402
+from locusformer.train.fold import quick_correction, spectrum_and_null  # noqa: E402
 from locusformer.train.runtime import sampled_rows  # noqa: E402
 
 MAX_ROWS = 5000
@@ -45,19 +45,12 @@ MAX_ROWS = 5000
 def shares(x: np.ndarray, codes: np.ndarray, seed: int) -> list:
     """[axes above the null, share beyond the null, share on those axes, main axis over
     the null's, main axis' share] of ``x``'s quick correction."""
-    from sklearn.utils.extmath import randomized_svd
-
     rows = sampled_rows(len(x), MAX_ROWS, [seed, 10])
     x, codes = np.asarray(x[rows], dtype=np.float32), np.asarray(codes)[rows]
     quick = quick_correction(x, codes, seed)
-    z = standardized_loci(quick)
-    rng = np.random.default_rng([seed, 6])
-    k = min(FOLD_MAX_AXES, *z.shape) - 1
-    s = randomized_svd(z, k, random_state=seed)[1]
-    null = max(
-        randomized_svd(shuffled_loci(z, rng), k, random_state=seed)[1][0] for _ in range(NULL_DRAWS)
-    )
-    total = float((z**2).sum())
+    s, null = spectrum_and_null(quick, seed)
+    # each varying locus standardized: unit variance over the rows
+    total = float(len(quick) * (quick.std(axis=0) > 0).sum())
     above = s[s > null]
     return [
         len(above), float((above**2 - null**2).sum() / total), float((above**2).sum() / total),

@@ -47,6 +47,14 @@ def structured_axes(x: np.ndarray, seed: int) -> int:
     exceeds that of the main axis of the same values with every locus shuffled on its own
     (Horn's parallel analysis; the largest over :data:`NULL_DRAWS` shuffles), at most
     :data:`FOLD_MAX_AXES`."""
+    values, null = spectrum_and_null(x, seed)
+    return int((values > null).sum())
+
+
+def spectrum_and_null(x: np.ndarray, seed: int) -> tuple[np.ndarray, float]:
+    """The singular values of ``x`` with each locus standardized (its first
+    :data:`FOLD_MAX_AXES` - 1 at most), and the largest main singular value of
+    :data:`NULL_DRAWS` column shuffles of it: :func:`structured_axes`' two sides."""
     from sklearn.utils.extmath import randomized_svd
 
     z = standardized_loci(x)
@@ -58,7 +66,7 @@ def structured_axes(x: np.ndarray, seed: int) -> int:
     top = 0.0
     for _ in range(NULL_DRAWS):
         top = max(top, randomized_svd(shuffled_loci(z, rng), most, random_state=seed)[1][0])
-    return int((s > top).sum())
+    return s, float(top)
 
 
 def _scores(x: np.ndarray, k: int) -> np.ndarray:
