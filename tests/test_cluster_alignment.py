@@ -310,3 +310,50 @@ def test_training_with_cover_acts_where_a_group_is_one_batch_s_alone(monkeypatch
     covered, _ = _trained_with_cover(*args, True, monkeypatch)
     assert any(not g.all() for g in gates)  # the premise: some gate closed
     assert any(not torch.equal(covered[name], a) for name, a in plain.items())
+
+
+def test_enough_for_clusters_asks_three_training_samples_a_cluster_and_batch() -> None:
+    from locusformer.train.alignment import CELL_SAMPLES, enough_for_clusters
+
+    assert CELL_SAMPLES == 3
+    assert not enough_for_clusters(36, 8, 4)  # a 40-sample study: about one a cell
+    assert enough_for_clusters(96, 8, 4)
+    assert not enough_for_clusters(95, 8, 4)
+
+
+def _clusters_found(sim, tc: dict, monkeypatch) -> tuple[object, int]:
+    """The model trained with ``tc`` and how many times the latent was clustered."""
+    import locusformer.train.loop as train
+
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return latent_clusters(*args, **kwargs)
+
+    monkeypatch.setattr(train, "latent_clusters", spy)
+    small = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
+    torch.set_num_threads(1)
+    labels = [f"b{b}" for b in sim.batch]
+    model, _ = train.train_corrector(
+        sim.X, labels, sim.loci, small, tc, seed=0, device="cpu", progress=False
+    )
+    return model, len(calls)
+
+
+def test_a_study_too_small_for_its_clusters_trains_without_the_cluster_term(monkeypatch):
+    from conftest import same_state
+
+    from locusformer.simulate.datasets import simulate
+
+    # 40 samples, 36 of them trained on, in 2 batches: 8 clusters would need 48
+    sim = simulate(n_samples=40, n_loci=40, n_batches=2, n_groups=2, seed=1)
+    tc = dict(max_epochs=6, batch_size=16, adversary_rampup_epochs=1, refit_steps=0,
+              input_clusters=0)  # fmt: skip
+    few, found = _clusters_found(sim, {**tc, "batch_mean_clusters": 3}, monkeypatch)
+    assert found > 0  # the premise: at 3 clusters (18 needed) the term acts
+    many, found = _clusters_found(sim, {**tc, "batch_mean_clusters": 8}, monkeypatch)
+    assert found == 0
+    without, _ = _clusters_found(sim, {**tc, "batch_mean_weight": 0.0}, monkeypatch)
+    assert same_state(many, without)
+    assert not same_state(few, without)

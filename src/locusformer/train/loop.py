@@ -37,10 +37,12 @@ from locusformer.model.losses import Clusters
 from locusformer.model.network import LocusFormer, Loss, LossWeights
 from locusformer.pp.validate import check_log_expression
 from locusformer.train.alignment import (
+    CELL_SAMPLES,
     CLUSTER_MAX_SAMPLES,
     CLUSTER_SIGMA,
     NEVER_COMPARED,
     adversary_targets,
+    enough_for_clusters,
     input_levels,
     joint_levels,
     latent_clusters,
@@ -516,11 +518,14 @@ def _train_epochs(
     rampup, patience = run.plan.rampup(tc), run.plan.patience(tc)
     if state.extended:
         run.plan = run.plan._replace(epochs=run.plan.epochs + run.plan.extension(tc))
+    fits = _clusters_fit(run)
     while state.epoch < run.plan.epochs and not state.stopped:
         epoch = state.epoch  # 0-based index of the epoch about to run
         t0 = time.perf_counter()
         ramp = ramp_at(epoch, rampup)
         weights = loss_weights(tc, ramp)
+        if not fits:
+            weights = weights._replace(batch_mean=0.0)
         # Under DDP every process finds the same clusters (same weights, rows and seed),
         # so all of them take the same decision.
         clusters = _epoch_clusters(run, weights, epoch)
@@ -581,6 +586,29 @@ def _train_epochs(
         bar.update(1)
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, row)
+
+
+def _clusters_fit(run: _Run) -> bool:
+    """Whether the batch means can be compared within the latent's clusters: there are
+    enough training rows for them (:func:`~locusformer.train.alignment.enough_for_clusters`).
+    Where not, the term is off rather than moved to whole batches, whose means differ with
+    the batches' biology (issue 18)."""
+    tc = run.tc
+    if tc.batch_mean_scope != "clusters" or not tc.batch_mean_weight:
+        return True
+    n, k, b = len(run.train_rows), tc.batch_mean_clusters, run.model.n_batches
+    if enough_for_clusters(n, k, b):
+        return True
+    log.info(
+        "cluster term: %d training samples are fewer than %d for %d clusters in %d "
+        "batches (%d a cluster and batch); off",
+        n,
+        CELL_SAMPLES * k * b,
+        k,
+        b,
+        CELL_SAMPLES,
+    )
+    return False
 
 
 def _step(run: _Run, total: torch.Tensor) -> None:
