@@ -195,6 +195,8 @@ class TrainConfig:
     # Clusters of the "clusters" scope. Each minibatch estimates a mean per cluster and
     # batch, so a minibatch should hold a few samples of each (16 scored lower: 0.786
     # against 0.799 on the skewed five sets, 0.903 against 0.906 on protocols, seed 0).
+    # Where the training set holds fewer than 3 a cluster and batch on average, the term
+    # is off (train.alignment.enough_for_clusters: a 40-sample study in 4 batches).
     batch_mean_clusters: int = 8
     # Each sample counts in a cluster's comparison only as far as every batch compared
     # there holds its biology (losses.cluster_cover): the edge cells of a cell type that

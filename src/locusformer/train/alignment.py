@@ -534,7 +534,7 @@ def enough_for_clusters(n_train: int, n_clusters: int, n_batches: int) -> bool:
 
     A study of 40 samples in 4 batches has about one a cell at the default 8 clusters; the
     term then compared one or two samples' latents and at times removed a seed's biology
-    (the suite's 40-sample studies over six seeds: 0.686, 0.865 and 0.685 without it
+    (the suite's 40-sample studies over six seeds: 0.686, 0.866 and 0.686 without it
     against 0.667, 0.860 and 0.649 with it; CellBench's confounded pseudo-bulk, 45
     training samples in 5 batches, the same to the last digit; docs/notes/2026-12-06.md).
     """
