@@ -84,3 +84,17 @@ def test_the_check_does_not_run_when_off(data, monkeypatch) -> None:
 
     monkeypatch.setattr(loop, "fold_capture", never)
     _train(data, fold_check=False)
+
+
+def test_a_refit_run_that_folded_is_trained_again_without_the_input_clusters(
+    data, monkeypatch, caplog
+) -> None:
+    monkeypatch.setattr(loop, "REFIT_BELOW", np.inf)  # the short run is trained again
+    monkeypatch.setattr(loop, "FOLD_BELOW", 1.01)  # and every run reads as folded
+    with caplog.at_level(logging.INFO, logger="locusformer.train.loop"):
+        checked, _ = _train(data, refit_steps=30)
+    assert "training again with at least 30 steps" in caplog.text
+    assert "training again without the input clusters" in caplog.text
+    # the third run: the refit's floor, without the clusters
+    expected, _ = _train(data, refit_steps=30, min_steps=30, input_clusters=0)
+    assert same_state(checked, expected)

@@ -249,25 +249,39 @@ def train_corrector(
 def _train_and_retry(
     inputs: _RunInputs, dev: torch.device, dist: Dist | None
 ) -> tuple[TrainedModel, pd.DataFrame]:
-    """:func:`_train`, and again with more steps where :func:`_refit_config` says so, or
-    without the input clusters where :func:`_unfold_config` does."""
+    """:func:`_train`; again with more steps where :func:`_refit_config` says so; and again
+    without the input clusters where :func:`_unfold_config` says so of the run kept by
+    then, the refit's included (a second run with the clusters can fold as the first)."""
     found = _input_clusters(inputs)
     trained, history = _train(inputs, found, dev, dist)
-    # Both checks read how much of the quick correction's structure the run kept: computed
-    # once, when the first of them asks.
-    kept = functools.cache(
+    # Every process holds the same weights and data, so all take the same decision.
+    kept = _capture(inputs, trained)
+    again = _refit_config(inputs, trained, kept)
+    if again is not None:
+        inputs = dataclasses.replace(inputs, tc=again)
+        _drop_checkpoint(inputs, dist)
+        trained, history = _train(inputs, found, dev, dist)
+        kept = _capture(inputs, trained)
+    unfold = None if found is None else _unfold_config(inputs, kept)
+    if unfold is None:
+        return trained, history
+    _drop_checkpoint(inputs, dist)
+    return _train(dataclasses.replace(inputs, tc=unfold), None, dev, dist)
+
+
+def _capture(inputs: _RunInputs, trained: TrainedModel) -> Callable[[], float | None]:
+    """How much of the quick correction's structure ``trained`` kept
+    (:func:`~locusformer.train.fold.fold_capture`), computed once, when the first of the
+    checks that read it asks."""
+    return functools.cache(
         lambda: fold_capture(trained.module, inputs.X, inputs.codes, inputs.seed)
     )
-    # Every process holds the same weights and data, so all take the same decision.
-    again = _refit_config(inputs, trained, kept)
-    if again is None and found is not None:
-        again = _unfold_config(inputs, kept)
-    if again is None:
-        return trained, history
+
+
+def _drop_checkpoint(inputs: _RunInputs, dist: Dist | None) -> None:
+    """Remove the finished run's checkpoint before the next run starts its own."""
     if inputs.checkpoint_path is not None and (dist is None or dist.rank == 0):
-        Path(inputs.checkpoint_path).unlink(missing_ok=True)  # the first run's, done
-    found = found if again.input_clusters else None
-    return _train(dataclasses.replace(inputs, tc=again), found, dev, dist)
+        Path(inputs.checkpoint_path).unlink(missing_ok=True)
 
 
 def _refit_config(
