@@ -249,12 +249,14 @@ def train_corrector(
 def _train_and_retry(
     inputs: _RunInputs, dev: torch.device, dist: Dist | None
 ) -> tuple[TrainedModel, pd.DataFrame]:
-    """:func:`_train`; again with more steps where :func:`_refit_config` says so; and again
+    """:func:`_train`; again with more steps where :func:`_refit_config` says so; again
     without the input clusters where :func:`_unfold_config` says so of the run kept by
-    then, the refit's included (a second run with the clusters can fold as the first)."""
+    then, the refit's included (a second run with the clusters can fold as the first);
+    and again without the adversary where :func:`_unshared_config` says so of the last."""
     found = _input_clusters(inputs)
     trained, history = _train(inputs, found, dev, dist)
-    # Every process holds the same weights and data, so all take the same decision.
+    # Every process holds the same weights, data and history (the latent clusters are
+    # found alike everywhere), so all take the same decisions.
     kept = _capture(inputs, trained)
     again = _refit_config(inputs, trained, kept)
     if again is not None:
@@ -263,10 +265,15 @@ def _train_and_retry(
         trained, history = _train(inputs, found, dev, dist)
         kept = _capture(inputs, trained)
     unfold = None if found is None else _unfold_config(inputs, kept)
-    if unfold is None:
+    if unfold is not None:
+        inputs, found = dataclasses.replace(inputs, tc=unfold), None
+        _drop_checkpoint(inputs, dist)
+        trained, history = _train(inputs, None, dev, dist)
+    unshared = None if found is not None else _unshared_config(inputs, history)
+    if unshared is None:
         return trained, history
     _drop_checkpoint(inputs, dist)
-    return _train(dataclasses.replace(inputs, tc=unfold), None, dev, dist)
+    return _train(dataclasses.replace(inputs, tc=unshared), None, dev, dist)
 
 
 def _capture(inputs: _RunInputs, trained: TrainedModel) -> Callable[[], float | None]:
@@ -345,6 +352,25 @@ def _unfold_config(inputs: _RunInputs, kept: Callable[[], float | None]) -> Trai
     if not folded:
         return None
     return dataclasses.replace(tc, input_clusters=0)
+
+
+def _unshared_config(inputs: _RunInputs, history: pd.DataFrame) -> TrainConfig | None:
+    """The configuration to train again with when nothing says the batches share any
+    biology (``shared_check``): the run had neither input clusters nor protected
+    covariates, and its latent clusters never held a fair share of two batches
+    (:func:`~locusformer.train.alignment.never_compared`). The adversary then asks
+    batches that hold different biology to look alike, and removes the biology that
+    tells them apart; the run is trained again without it. None otherwise."""
+    tc = inputs.tc
+    if not tc.shared_check or tc.adversary_weight == 0 or inputs.covariates is not None:
+        return None
+    if not never_compared(history):
+        return None
+    log.info(
+        "shared check: no input clusters, and no latent cluster held a fair share of two "
+        "batches in any epoch: training again without the adversary"
+    )
+    return dataclasses.replace(tc, adversary_weight=0.0)
 
 
 def _train(
