@@ -260,20 +260,31 @@ def _train_and_retry(
     kept = _capture(inputs, trained)
     again = _refit_config(inputs, trained, kept)
     if again is not None:
-        inputs = dataclasses.replace(inputs, tc=again)
-        _drop_checkpoint(inputs, dist)
-        trained, history = _train(inputs, found, dev, dist)
+        inputs, (trained, history) = _again(inputs, again, found, dev, dist)
         kept = _capture(inputs, trained)
     unfold = None if found is None else _unfold_config(inputs, kept)
     if unfold is not None:
-        inputs, found = dataclasses.replace(inputs, tc=unfold), None
-        _drop_checkpoint(inputs, dist)
-        trained, history = _train(inputs, None, dev, dist)
+        found = None
+        inputs, (trained, history) = _again(inputs, unfold, found, dev, dist)
     unshared = None if found is not None else _unshared_config(inputs, history)
-    if unshared is None:
-        return trained, history
-    _drop_checkpoint(inputs, dist)
-    return _train(dataclasses.replace(inputs, tc=unshared), None, dev, dist)
+    if unshared is not None:
+        inputs, (trained, history) = _again(inputs, unshared, found, dev, dist)
+    return trained, history
+
+
+def _again(
+    inputs: _RunInputs,
+    tc: TrainConfig,
+    found: np.ndarray | None,
+    dev: torch.device,
+    dist: Dist | None,
+) -> tuple[_RunInputs, tuple[TrainedModel, pd.DataFrame]]:
+    """A new run with ``tc``, the finished run's checkpoint removed first: its inputs
+    and :func:`_train`'s result."""
+    if inputs.checkpoint_path is not None and (dist is None or dist.rank == 0):
+        Path(inputs.checkpoint_path).unlink(missing_ok=True)
+    inputs = dataclasses.replace(inputs, tc=tc)
+    return inputs, _train(inputs, found, dev, dist)
 
 
 def _capture(inputs: _RunInputs, trained: TrainedModel) -> Callable[[], float | None]:
@@ -283,12 +294,6 @@ def _capture(inputs: _RunInputs, trained: TrainedModel) -> Callable[[], float | 
     return functools.cache(
         lambda: fold_capture(trained.module, inputs.X, inputs.codes, inputs.seed)
     )
-
-
-def _drop_checkpoint(inputs: _RunInputs, dist: Dist | None) -> None:
-    """Remove the finished run's checkpoint before the next run starts its own."""
-    if inputs.checkpoint_path is not None and (dist is None or dist.rank == 0):
-        Path(inputs.checkpoint_path).unlink(missing_ok=True)
 
 
 def _refit_config(
