@@ -206,6 +206,11 @@ class TrainConfig:
     # H1975; label transfer 0.980 -> 0.998, mapped total 0.841 -> 0.858, three seeds).
     # Where every gate is open it changes nothing.
     batch_mean_cover: bool = True
+    # Compare the batch means within each latent cluster crossed with the levels (the
+    # input's clusters and the protected covariates), not within the latent cluster alone:
+    # a latent cluster that joins two classes which the batches hold in different shares
+    # then compares each class with itself.
+    batch_mean_levels: bool = False
     # Epochs added to the run, as a share of its planned epochs (20 at the defaults), the
     # cluster term acting through them, when at its first epoch every cluster holds a
     # fair share of every batch: the batches hold the same biology, so no cell type is

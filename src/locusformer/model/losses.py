@@ -27,6 +27,7 @@ class Clusters(NamedTuple):
     gate: Tensor  # (K, N) 1 where batch n holds cluster k's biology, else 0
     sigma: float  # softness of the assignment on the cosine distance
     cover: bool = False  # weigh each sample by :func:`cluster_cover` in every cluster
+    levels: int = 0  # L > 0: gate is (K * L, N), a cell per cluster and level (cross_levels)
 
 
 class GradientReversal(torch.autograd.Function):
@@ -133,6 +134,13 @@ def cluster_responsibilities(z: Tensor, clusters: Clusters) -> Tensor:
         unit = F.normalize(z.float() - clusters.center.float(), dim=-1)
         cos = unit @ clusters.centroids.float().T  # (B, K)
         return torch.softmax(-2.0 * (1.0 - cos) / clusters.sigma, dim=-1)
+
+
+def cross_levels(weight: Tensor, levels: Tensor, n_levels: int) -> Tensor:
+    """(B, K * L): each sample's ``weight`` (B, K) in the clusters, kept in the cell of its
+    level (B,) of ``n_levels`` L and 0 in the others; cell k * L + l is cluster k, level l."""
+    onehot = F.one_hot(levels.long(), n_levels).to(weight.dtype)  # (B, L)
+    return (weight[:, :, None] * onehot[:, None, :]).reshape(len(weight), -1)
 
 
 def cluster_cover(resp: Tensor, gate: Tensor, batch: Tensor, n_batches: int) -> Tensor:

@@ -44,6 +44,7 @@ from locusformer.model.losses import (
     cluster_cover,
     cluster_responsibilities,
     confusion_loss,
+    cross_levels,
     frozen_call,
     grad_reverse,
     level_batch_share,
@@ -549,6 +550,8 @@ class LocusFormer(nn.Module):
             batch_mean = batch_mean_distance(z, b, self.n_batches, weight=shared)
         else:
             resp = cluster_responsibilities(z, clusters)  # (M, K)
+            if clusters.levels:
+                resp = cross_levels(resp, levels, clusters.levels)  # (M, K * L)
             if shared is not None:
                 resp = resp * shared[:, None]
             if clusters.cover:

@@ -228,6 +228,8 @@ def latent_clusters(
     *,
     sigma: float = CLUSTER_SIGMA,
     rounds: int = CLUSTER_ROUNDS,
+    levels: np.ndarray | None = None,
+    n_levels: int = 0,
 ) -> Clustering:
     """Soft clusters of latents ``z`` (n, Z), and which batches each cluster compares.
 
@@ -251,7 +253,9 @@ def latent_clusters(
         centroids
             (K, Z) unit length.
         gate
-            (K, N) bool: batch b holds cluster k's biology, with at least
+            (K, N) bool, or (K * L, N) with ``levels`` (n,) of ``n_levels`` L, a cell per
+            cluster and level (:func:`~locusformer.model.losses.cross_levels`'s order):
+            batch b holds cluster k's biology, with at least
             :data:`CLUSTER_MIN_SHARE` of the cells it would hold if every cluster had the
             batches' overall proportions (and two cells). A cell counts in its
             nearest cluster, or by its soft shares when that cluster compares no two
@@ -282,10 +286,19 @@ def latent_clusters(
     # type only its batch holds; its soft share in a neighbour tells which.
     home = resp.argmax(axis=1)
     nearest = np.eye(k)[home]  # (n, K)
+    if levels is not None:
+        home = home * n_levels + levels
+        nearest, resp = (_cross(w, levels, n_levels) for w in (nearest, resp))
     onehot = np.eye(n_batches)[codes]  # (n, N)
     alone = _gates(nearest, onehot)[home].sum(axis=1) <= 1  # (n,)
     gate = _gates(np.where(alone[:, None], resp, nearest), onehot)
     return Clustering(center.astype(np.float32), centroids.astype(np.float32), gate)
+
+
+def _cross(weight: np.ndarray, levels: np.ndarray, n_levels: int) -> np.ndarray:
+    """(n, K * L): numpy's :func:`~locusformer.model.losses.cross_levels`."""
+    onehot = np.eye(n_levels, dtype=weight.dtype)[levels]  # (n, L)
+    return (weight[:, :, None] * onehot[:, None, :]).reshape(len(weight), -1)
 
 
 def _gates(weight: np.ndarray, onehot: np.ndarray) -> np.ndarray:

@@ -733,15 +733,19 @@ def _epoch_clusters(run: _Run, weights: LossWeights, epoch: int) -> Clusters | N
     if len(rows) > CLUSTER_MAX_SAMPLES:
         rng = np.random.default_rng([run.seed, 4, epoch])
         rows = rows[np.sort(rng.choice(len(rows), CLUSTER_MAX_SAMPLES, replace=False))]
+    crossed = tc.batch_mean_levels and run.levels is not None
+    n_levels = int(run.levels.max()) + 1 if crossed else 0
     found = latent_clusters(
         _latents(run, rows),
         run.codes[rows].numpy(),
         model.n_batches,
         tc.batch_mean_clusters,
         seed=run.seed,
+        levels=run.levels[rows].numpy() if crossed else None,
+        n_levels=n_levels,
     )
     tensors = (torch.from_numpy(a).to(run.device) for a in found)
-    return Clusters(*tensors, CLUSTER_SIGMA, cover=tc.batch_mean_cover)
+    return Clusters(*tensors, CLUSTER_SIGMA, cover=tc.batch_mean_cover, levels=n_levels)
 
 
 def _latents(run: _Run, rows: torch.Tensor) -> np.ndarray:
