@@ -264,7 +264,9 @@ def test_training_with_clusters_resumes_where_it_stopped(tmp_path) -> None:
 
 
 def _trained_with_cover(X, labels, loci, cover: bool, monkeypatch) -> tuple[dict, list]:
-    """Weights after 4 epochs with ``batch_mean_cover`` as given, and each epoch's gates."""
+    """Weights after 4 epochs with ``batch_mean_cover`` as given, and each epoch's gates,
+    on the latent's own clusters (crossed with the input's, a cell that a level leaves empty
+    is a closed gate, and the premise below is about the clusters' gates)."""
     import locusformer.train.loop as train
 
     gates = []
@@ -278,7 +280,7 @@ def _trained_with_cover(X, labels, loci, cover: bool, monkeypatch) -> tuple[dict
     small = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
     tc = dict(
         max_epochs=4, batch_size=32, batch_mean_clusters=3, adversary_rampup_epochs=1,
-        batch_mean_cover=cover, refit_steps=0,
+        batch_mean_cover=cover, refit_steps=0, batch_mean_levels=False,
     )  # fmt: skip
     torch.set_num_threads(1)
     model, _ = train.train_corrector(

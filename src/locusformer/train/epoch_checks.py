@@ -81,5 +81,6 @@ def validate(
 
 
 def clusters_compared(clusters: Clusters) -> int:
-    """How many clusters the cluster term compares batches in (:func:`compared_clusters`)."""
+    """How many clusters (cells of cluster and level, when crossed with the levels) the
+    cluster term compares batches in (:func:`compared_clusters`)."""
     return int(compared_clusters(clusters.gate).sum())
