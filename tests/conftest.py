@@ -22,6 +22,23 @@ def same_state(a, b) -> bool:
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+def spy_gates(monkeypatch) -> list:
+    """A list that each later clustering of the latent in training appends its gates
+    (``Clustering.gate``) to; a new call starts a new list."""
+    import locusformer.train.loop as train
+    from locusformer.train.alignment import latent_clusters
+
+    gates = []
+
+    def spy(*args, **kwargs):
+        found = latent_clusters(*args, **kwargs)
+        gates.append(found.gate.copy())
+        return found
+
+    monkeypatch.setattr(train, "latent_clusters", spy)
+    return gates
+
+
 @pytest.fixture
 def one_thread():
     """torch on one thread for the test, restored after. Tiny models gain nothing from

@@ -267,16 +267,11 @@ def _trained_with_cover(X, labels, loci, cover: bool, monkeypatch) -> tuple[dict
     """Weights after 4 epochs with ``batch_mean_cover`` as given, and each epoch's gates,
     on the latent's own clusters (crossed with the input's, a cell that a level leaves empty
     is a closed gate, and the premise below is about the clusters' gates)."""
+    from conftest import spy_gates
+
     import locusformer.train.loop as train
 
-    gates = []
-
-    def spy(*args, **kwargs):
-        found = latent_clusters(*args, **kwargs)
-        gates.append(found.gate.copy())
-        return found
-
-    monkeypatch.setattr(train, "latent_clusters", spy)
+    gates = spy_gates(monkeypatch)
     small = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
     tc = dict(
         max_epochs=4, batch_size=32, batch_mean_clusters=3, adversary_rampup_epochs=1,
@@ -325,15 +320,11 @@ def test_enough_for_clusters_asks_three_training_samples_a_cluster_and_batch() -
 
 def _clusters_found(sim, tc: dict, monkeypatch) -> tuple[object, int]:
     """The model trained with ``tc`` and how many times the latent was clustered."""
+    from conftest import spy_gates
+
     import locusformer.train.loop as train
 
-    calls = []
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return latent_clusters(*args, **kwargs)
-
-    monkeypatch.setattr(train, "latent_clusters", spy)
+    calls = spy_gates(monkeypatch)
     small = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
     torch.set_num_threads(1)
     labels = [f"b{b}" for b in sim.batch]

@@ -80,17 +80,12 @@ def test_a_level_one_batch_alone_holds_closes_its_cell() -> None:
 def _train(tc: dict, monkeypatch) -> tuple[object, list]:
     """The model trained with ``tc`` on four groups in two batches, and the gates the
     cluster term was given."""
+    from conftest import spy_gates
+
     import locusformer.train.loop as train
     from locusformer.simulate.datasets import simulate
 
-    gates = []
-
-    def spy(*args, **kwargs):
-        found = latent_clusters(*args, **kwargs)
-        gates.append(found.gate)
-        return found
-
-    monkeypatch.setattr(train, "latent_clusters", spy)
+    gates = spy_gates(monkeypatch)
     sim = simulate(n_samples=240, n_loci=40, n_batches=2, n_groups=4, seed=2)
     small = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
     tc = dict(max_epochs=4, batch_size=32, adversary_rampup_epochs=1, refit_steps=0,
