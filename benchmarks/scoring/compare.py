@@ -46,7 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from independent import VARIANTS, Scorer, variant_rows
 
 COLUMNS = ["task", "method", "seed", "scorer", "metric", "value"]
-METHODS = ("locusformer", "locusformer_latent", "combat", "harmony", "uncorrected")
+METHODS = ("locusformer", "locusformer_latent", "sysvi", "scvi", "combat", "harmony", "uncorrected")
+SCORERS = ("W_own", "W_one", "I_one", "I_own")
 WORKFLOW_BATCH = ("BRAS", "iLISI", "KBET", "Graph connectivity", "PCR comparison")
 WORKFLOW_BIO = ("Isolated labels", "KMeans NMI", "KMeans ARI", "Silhouette label", "cLISI")
 
@@ -97,12 +98,19 @@ def _fingerprint(result: ad.AnnData) -> bytes:
     return np.ascontiguousarray(x).tobytes()
 
 
-def score_task(outputs: Path, task: str, seed: int) -> pd.DataFrame:
+def score_task(
+    outputs: Path, task: str, seed: int, scorers: tuple[str, ...] = SCORERS
+) -> pd.DataFrame:
+    """Every output of ``task`` and ``seed`` (the :data:`METHODS` ``produce.py`` wrote),
+    scored by ``scorers``: the side-by-side table needs ``W_own`` and ``I_one``, the step
+    table all four."""
     import scib_metrics
 
     lognorm = ad.read_h5ad(outputs / task / "lognorm.h5ad")
     where = outputs / task / f"seed{seed}"
-    results = {m: ad.read_h5ad(where / f"{m}.h5ad") for m in METHODS}
+    results = {
+        m: ad.read_h5ad(where / f"{m}.h5ad") for m in METHODS if (where / f"{m}.h5ad").exists()
+    }
     uncorrected = results["uncorrected"]
     one = Scorer(lognorm, "batch", "cell_line", seed=0)
     own = Scorer(lognorm, "batch", "cell_line", genes=uncorrected.var_names, seed=0)
@@ -115,16 +123,22 @@ def score_task(outputs: Path, task: str, seed: int) -> pd.DataFrame:
 
     for method, result in results.items():
         before = _fingerprint(result)
-        add(method, "W_own", workflow_scores(result, uncorrected, None, seed))
-        add(method, "W_one", workflow_scores(result, uncorrected, one.genes, seed))
-        values, info = one.score(result)
-        x, _, _ = one.representation(result)
-        values["PCR comparison (genes scored)"] = float(
-            scib_metrics.pcr_comparison(one.x_pre(w_one_genes), x, one.batches, categorical=True)
-        )
-        add(method, "I_one", {**values, **info})
-        values, info = own.score(result)
-        add(method, "I_own", {**values, **info})
+        if "W_own" in scorers:
+            add(method, "W_own", workflow_scores(result, uncorrected, None, seed))
+        if "W_one" in scorers:
+            add(method, "W_one", workflow_scores(result, uncorrected, one.genes, seed))
+        if "I_one" in scorers:
+            values, info = one.score(result)
+            x, _, _ = one.representation(result)
+            values["PCR comparison (genes scored)"] = float(
+                scib_metrics.pcr_comparison(
+                    one.x_pre(w_one_genes), x, one.batches, categorical=True
+                )
+            )
+            add(method, "I_one", {**values, **info})
+        if "I_own" in scorers:
+            values, info = own.score(result)
+            add(method, "I_own", {**values, **info})
         if _fingerprint(result) != before:
             raise RuntimeError(f"scoring changed the output of {method}")
         print(f"{task}\tseed {seed}\t{method}\tscored", flush=True)
@@ -212,7 +226,7 @@ def step_table(long: pd.DataFrame, task: str) -> pd.DataFrame:
     alone: dict[str, list[float]] = {}
     for (method, _seed), g in sub.groupby(["method", "seed"], sort=False):
         by = {s: x.set_index("metric")["value"] for s, x in g.groupby("scorer")}
-        if "W_own" not in by:
+        if not set(SCORERS) <= set(by):  # scored for the side-by-side table only
             continue
         w_own, w_one, i_one, i_own = by["W_own"], by["W_one"], by["I_one"], by["I_own"]
         # The n_pcs rule gives min(50, n - 1, genes - 1): 50 on these tasks (checked), so
@@ -269,18 +283,24 @@ def step_table(long: pd.DataFrame, task: str) -> pd.DataFrame:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--outputs", type=Path, default=Path("/tmp/indep"))
+    parser.add_argument(
+        "--outputs", type=Path, default=Path(__file__).resolve().parents[2] / "benchmarks/out/indep"
+    )
     parser.add_argument("--tasks", nargs="+", default=["mixture"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--table", action="store_true", help="print the tables and stop")
     parser.add_argument("--steps-task", nargs="*", default=["mixture"])
+    parser.add_argument(
+        "--scorers", nargs="+", choices=SCORERS, default=list(SCORERS),
+        help="W_own and I_one make the side-by-side table; the step table needs all four",
+    )  # fmt: skip
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     path = args.outputs / "compare.tsv"
     if not args.table:
         for task in args.tasks:
             for seed in args.seeds:
-                part = score_task(args.outputs, task, seed)
+                part = score_task(args.outputs, task, seed, tuple(args.scorers))
                 if path.exists():  # one row set per (task, seed): a rerun replaces its own
                     old = pd.read_csv(path, sep="\t")
                     old = old[~((old["task"] == task) & (old["seed"] == seed))]

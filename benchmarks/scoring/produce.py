@@ -10,12 +10,16 @@ samples), and writes under ``--out``/<task>/:
   before it picks genes), with ``batch`` and ``cell_line`` in obs. The independent scorer
   picks its own gene set from this;
 * ``seed<k>/<method>.h5ad``: each method's integration result as the workflow makes it
-  (``uncorrected``, ``combat``, ``harmony`` with ``locusformer.baselines.methods.run_method``;
-  ``locusformer``, the corrected matrix of LocusFormer trained at its defaults, and
-  ``locusformer_latent``, its latent, both from one model), with the seconds each took.
+  (``--baselines``, by default ``uncorrected``, ``combat``, ``harmony``, ``scvi`` and
+  ``sysvi``, with ``locusformer.baselines.methods.run_method``; ``locusformer``, the
+  corrected matrix of LocusFormer trained at its defaults, and ``locusformer_latent``, its
+  latent, both from one model), with the seconds each took. An output already there is
+  kept, so an interrupted run goes on where it stopped and tasks can be split across
+  processes.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scoring/produce.py \\
-        --tasks mixture mixture_pooled protocols cellbench5 --seeds 0
+        --prepared benchmarks/out/cb --out benchmarks/out/indep \\
+        --tasks mixture mixture_pooled protocols cellbench5 --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -33,9 +37,10 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quality"))
 from variants import load_task
 
-BASELINES = ("uncorrected", "combat", "harmony")
-PREPARED = Path("/work/qwork")
-OUT = Path("/tmp/indep")
+BASELINES = ("uncorrected", "combat", "harmony", "scvi", "sysvi")
+ROOT = Path(__file__).resolve().parents[2]
+PREPARED = ROOT / "benchmarks" / "out" / "cb"  # variants.py's --work
+OUT = ROOT / "benchmarks" / "out" / "indep"
 
 
 def lognorm(prepared: Path, task: str, obs: pd.DataFrame) -> ad.AnnData:
@@ -55,7 +60,9 @@ def lognorm(prepared: Path, task: str, obs: pd.DataFrame) -> ad.AnnData:
     return adata
 
 
-def produce(task: str, seeds: list[int], prepared: Path, out: Path) -> None:
+def produce(
+    task: str, seeds: list[int], prepared: Path, out: Path, baselines: tuple[str, ...] = BASELINES
+) -> None:
     import torch
 
     from locusformer.baselines.methods import run_method
@@ -79,12 +86,16 @@ def produce(task: str, seeds: list[int], prepared: Path, out: Path) -> None:
     for seed in seeds:
         where = out / task / f"seed{seed}"
         where.mkdir(exist_ok=True)
-        for method in BASELINES:
+        for method in baselines:
+            if (where / f"{method}.h5ad").exists():
+                continue
             start = time.perf_counter()
             result = run_method(method, adata.copy(), "batch", seed, counts=counts)
             result.uns["seconds"] = time.perf_counter() - start
             result.write_h5ad(where / f"{method}.h5ad")
             print(f"{task}\tseed {seed}\t{method}\t{result.uns['seconds']:.1f} s", flush=True)
+        if (where / "locusformer_latent.h5ad").exists():
+            continue
         start = time.perf_counter()
         model, _ = train_corrector(
             adata.X, samples["batch"].tolist(), loci, None, None, seed=seed, progress=False
@@ -111,9 +122,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--tasks", nargs="+", default=["mixture"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--baselines", nargs="+", default=list(BASELINES))
     args = parser.parse_args()
     for task in args.tasks:
-        produce(task, args.seeds, args.prepared, args.out)
+        produce(task, args.seeds, args.prepared, args.out, tuple(args.baselines))
 
 
 if __name__ == "__main__":
