@@ -13,7 +13,7 @@ Each model is scored as the suite scores it.
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/decoder_steps.py --out OUT.tsv \\
         --scenarios n-40 n-150 bulk-6-batches bulk-confounded --steps 0 200 500
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/decoder_steps.py --out OUT.tsv \\
-        --tasks-work /work/qwork --tasks pseudobulk pseudobulk_confounded --steps 0 200
+        --tasks-work benchmarks/out/variants --tasks pseudobulk pseudobulk_confounded --steps 0 200
 
 One row per (data set, steps, seed) appended to ``--out``: data set, variant, seed,
 batch, bio, total, seconds (training plus the decoder's steps).

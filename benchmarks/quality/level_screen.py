@@ -12,7 +12,8 @@ whether those clusters are safe to act on, before any model is trained:
   clusters than classes it is above zero even where no batch splits a class.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/level_screen.py \\
-        --scenarios skewed strong-mixtures --tasks-work /work/qwork --tasks cellbench5_skewed
+        --scenarios skewed strong-mixtures --tasks-work benchmarks/out/variants \\
+        --tasks cellbench5_skewed
 
 One line per data set: the diagnostics of ComBat's clusters alone and of the clusters
 ``input_levels`` returns (ComBat, each batch re-centred on its mutual nearest neighbours).
@@ -94,7 +95,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", nargs="*", default=[])
     parser.add_argument("--tasks", nargs="*", default=[])
-    parser.add_argument("--tasks-work", type=Path, default=Path("/work/qwork"))
+    parser.add_argument(
+        "--tasks-work",
+        type=Path,
+        default=Path(__file__).resolve().parents[2] / "benchmarks" / "out" / "variants",
+    )
     parser.add_argument("--clusters", type=int, default=8)
     args = parser.parse_args()
     for name in args.scenarios:

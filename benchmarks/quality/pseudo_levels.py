@@ -16,7 +16,8 @@ between different biology.
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/pseudo_levels.py \\
         --out OUT.tsv --scenarios mixtures trajectory --seeds 0
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/pseudo_levels.py \\
-        --out OUT.tsv --tasks-work /work/qwork --tasks protocols cellbench5_skewed --seeds 0
+        --out OUT.tsv --tasks-work benchmarks/out/variants \\
+        --tasks protocols cellbench5_skewed --seeds 0
 
 One row per (data set, variant, seed) appended to ``--out``: batch, bio, total, and the
 adjusted Rand index of the pseudo-levels against the true classes (a diagnostic only;

@@ -17,7 +17,7 @@ suite scores them.
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/residual_combat.py --out OUT.tsv \\
         --scenarios n-40 n-150 bulk-6-batches bulk-confounded
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/residual_combat.py --out OUT.tsv \\
-        --tasks-work /work/qwork --tasks pseudobulk protocols
+        --tasks-work benchmarks/out/variants --tasks pseudobulk protocols
 
 One row per (data set, variant, seed) appended to ``--out``: data set, variant, seed,
 batch, bio, total, seconds (training).

@@ -32,8 +32,8 @@ corrected matrix in ``.X``, or "embedding" with ``.obsm["X_emb"]``), a DataFrame
 genes: a matrix) or an ndarray (samples x dims, rows in the uncorrected data's order: an
 embedding).
 
-    .venv/bin/python benchmarks/scoring/independent.py --outputs /tmp/indep \\
-        --tasks mixture mixture_pooled --seeds 0 --tsv /tmp/indep/independent.tsv
+    .venv/bin/python benchmarks/scoring/independent.py --outputs benchmarks/out/indep \\
+        --tasks mixture mixture_pooled --seeds 0 --tsv benchmarks/out/indep/independent.tsv
 """
 
 from __future__ import annotations
@@ -300,7 +300,11 @@ def score_directory(outputs: Path, task: str, seed: int) -> pd.DataFrame:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--outputs", type=Path, default=Path("/tmp/indep"))
+    parser.add_argument(
+        "--outputs",
+        type=Path,
+        default=Path(__file__).resolve().parents[2] / "benchmarks" / "out" / "indep",
+    )
     parser.add_argument("--tasks", nargs="+", required=True)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--tsv", type=Path, required=True, help="long TSV to write")

@@ -39,7 +39,7 @@ from variants import load_task
 
 BASELINES = ("uncorrected", "combat", "harmony", "scvi", "sysvi")
 ROOT = Path(__file__).resolve().parents[2]
-PREPARED = ROOT / "benchmarks" / "out" / "cb"  # variants.py's --work
+PREPARED = ROOT / "benchmarks" / "out" / "variants"  # variants.py's --work
 OUT = ROOT / "benchmarks" / "out" / "indep"
 
 
