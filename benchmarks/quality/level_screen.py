@@ -95,11 +95,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", nargs="*", default=[])
     parser.add_argument("--tasks", nargs="*", default=[])
-    parser.add_argument(
-        "--tasks-work",
-        type=Path,
-        default=Path(__file__).resolve().parents[2] / "benchmarks" / "out" / "variants",
-    )
+    parser.add_argument("--tasks-work", type=Path, default=ROOT / "benchmarks" / "out" / "variants")
     parser.add_argument("--clusters", type=int, default=8)
     args = parser.parse_args()
     for name in args.scenarios:

@@ -26,11 +26,7 @@ def probe_parser(doc: str) -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--scenarios", nargs="*", default=[])
     parser.add_argument("--tasks", nargs="*", default=[])
-    parser.add_argument(
-        "--tasks-work",
-        type=Path,
-        default=Path(__file__).resolve().parents[2] / "benchmarks" / "out" / "variants",
-    )
+    parser.add_argument("--tasks-work", type=Path, default=ROOT / "benchmarks" / "out" / "variants")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     return parser
 

@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from independent import VARIANTS, Scorer, variant_rows
+from independent import OUTPUTS, VARIANTS, Scorer, variant_rows
 
 COLUMNS = ["task", "method", "seed", "scorer", "metric", "value"]
 METHODS = ("locusformer", "locusformer_latent", "sysvi", "scvi", "combat", "harmony", "uncorrected")
@@ -108,9 +108,8 @@ def score_task(
 
     lognorm = ad.read_h5ad(outputs / task / "lognorm.h5ad")
     where = outputs / task / f"seed{seed}"
-    results = {
-        m: ad.read_h5ad(where / f"{m}.h5ad") for m in METHODS if (where / f"{m}.h5ad").exists()
-    }
+    files = {m: where / f"{m}.h5ad" for m in METHODS}
+    results = {m: ad.read_h5ad(f) for m, f in files.items() if f.exists()}
     uncorrected = results["uncorrected"]
     one = Scorer(lognorm, "batch", "cell_line", seed=0)
     own = Scorer(lognorm, "batch", "cell_line", genes=uncorrected.var_names, seed=0)
@@ -305,9 +304,7 @@ def step_table(long: pd.DataFrame, task: str) -> pd.DataFrame:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--outputs", type=Path, default=Path(__file__).resolve().parents[2] / "benchmarks/out/indep"
-    )
+    parser.add_argument("--outputs", type=Path, default=OUTPUTS)
     parser.add_argument("--tasks", nargs="+", default=["mixture"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--table", action="store_true", help="print the tables and stop")

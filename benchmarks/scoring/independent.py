@@ -50,6 +50,9 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
+#: Where ``produce.py`` writes its outputs and ``compare.py`` reads them.
+OUTPUTS = Path(__file__).resolve().parents[2] / "benchmarks" / "out" / "indep"
+
 log = logging.getLogger("independent")
 
 EMBEDDING_KEY = "X_emb"
@@ -300,11 +303,7 @@ def score_directory(outputs: Path, task: str, seed: int) -> pd.DataFrame:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--outputs",
-        type=Path,
-        default=Path(__file__).resolve().parents[2] / "benchmarks" / "out" / "indep",
-    )
+    parser.add_argument("--outputs", type=Path, default=OUTPUTS)
     parser.add_argument("--tasks", nargs="+", required=True)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--tsv", type=Path, required=True, help="long TSV to write")

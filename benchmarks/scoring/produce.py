@@ -37,10 +37,12 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quality"))
 from variants import load_task
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from independent import OUTPUTS
+
 BASELINES = ("uncorrected", "combat", "harmony", "scvi", "sysvi")
 ROOT = Path(__file__).resolve().parents[2]
 PREPARED = ROOT / "benchmarks" / "out" / "variants"  # variants.py's --work
-OUT = ROOT / "benchmarks" / "out" / "indep"
 
 
 def lognorm(prepared: Path, task: str, obs: pd.DataFrame) -> ad.AnnData:
@@ -119,7 +121,7 @@ def produce(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prepared", type=Path, default=PREPARED)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=OUTPUTS)
     parser.add_argument("--tasks", nargs="+", default=["mixture"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--baselines", nargs="+", default=list(BASELINES))
