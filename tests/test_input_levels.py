@@ -5,8 +5,9 @@ nearest neighbours; training treats the clusters as it treats protected levels. 
 tests check what it finds on data whose truth is known: two batches of the same three
 groups under a strong per-gene shift (the groups found across the batches), batches of
 opposite composition (ComBat's location error undone), every batch one group of its own
-(nothing to cluster: None), and the sample's answer carried to the rows left out of it,
-a batch too small for a uniform draw among them.
+(nothing to cluster: None), batches each mostly one class of their own (clusters that
+join different classes of different batches: not used), and the sample's answer carried
+to the rows left out of it, a batch too small for a uniform draw among them.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from locusformer.pp.combat import combat
+from locusformer.train import alignment
 from locusformer.train.alignment import (
     input_levels,
     joint_levels,
+    level_agreement,
     mnn_recentred,
     structure_ratio,
 )
@@ -92,6 +95,49 @@ def test_recentring_leaves_a_right_correction_nearly_alone() -> None:
 def test_one_class_per_batch_leaves_nothing_to_cluster() -> None:
     x, codes, _ = _data(80, [[0], [1], [2]], shift=0.0)
     assert input_levels(x, codes, n_clusters=3, seed=0) is None
+
+
+def _own_class_each(seed: int):
+    """Four batches of nine samples of a class of their own and one of a shared class,
+    under a strong per-gene shift: ComBat centres each batch on its own class, so the
+    quick correction lays the four classes over one another."""
+    rng = np.random.default_rng(seed)
+    programmes = rng.normal(0.0, 2.0, (5, 200))
+    rows, codes = [], []
+    for b in range(4):
+        shift = rng.normal(0.0, 3.0, 200)
+        for g, n in ((b, 9), (4, 1)):
+            rows.append(5.0 + programmes[g] + shift + rng.normal(0, 1, (n, 200)))
+            codes += [b] * n
+    return np.vstack(rows).astype(np.float32), np.array(codes)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_clusters_joining_different_classes_of_different_batches_are_not_used(
+    seed: int, monkeypatch
+) -> None:
+    x, codes = _own_class_each(seed)
+    assert input_levels(x, codes, n_clusters=8, seed=seed) is None
+    # the agreement is what turned them off: the input holds structure to cluster
+    monkeypatch.setattr(alignment, "LEVEL_AGREEMENT", -np.inf)
+    levels = input_levels(x, codes, n_clusters=8, seed=seed)
+    assert levels is not None
+    assert level_agreement(x, codes, levels, seed) < 0.5
+
+
+def test_agreement_reads_whether_each_cluster_holds_one_class_in_every_batch() -> None:
+    x, codes, groups = _data(30, [[0, 1, 2], [0, 1, 2], [0, 1, 2]], shift=6.0)
+    assert level_agreement(x, codes, groups, seed=0) > 0.95
+    found = input_levels(x, codes, n_clusters=8, seed=0)
+    assert found is not None and level_agreement(x, codes, found, seed=0) > 0.95
+    # two batches, the second's classes relabelled in a cycle: each cluster then holds a
+    # different class in each batch, and the contrasts disagree
+    two = codes < 2
+    swapped = np.where(codes[two] == 1, (groups[two] + 1) % 3, groups[two])
+    assert level_agreement(x[two], codes[two], swapped, seed=0) < 0.0
+    # a batch holding one cluster: no two batches hold two, nothing to read
+    single = np.where(codes[two] == 0, groups[two], 0)
+    assert level_agreement(x[two], codes[two], single, seed=0) is None
 
 
 def test_structure_ratio_tells_groups_from_noise() -> None:
