@@ -24,6 +24,7 @@ LocusEmbeddingMode = Literal["vector", "affine", "none"]
 Adversary = Literal["confusion", "reversal"]
 DataOnDisk = Literal["auto", "always", "never"]
 Alignment = Literal["shared", "global"]
+InputClusterCount = Literal["structure", "fixed"]
 BatchMeanScope = Literal["clusters", "batches"]
 
 
@@ -245,6 +246,10 @@ class TrainConfig:
     # 0.795, confounded pseudo-bulk 0.781 against 0.757) and the simulated suite's mean
     # 0.796 against 0.656, no scenario lower (seed 0; docs/notes/2026-12-05.md). 0 disables.
     input_clusters: int = 8
+    # How many input clusters: "structure", as many as the quick correction has
+    # principal axes above a shuffled null, plus one, at most input_clusters
+    # (train.alignment.cluster_count); "fixed", input_clusters.
+    input_cluster_count: InputClusterCount = "fixed"
     mmd_weight: float = 0.0
     # Which batches each sample is aligned with (locusformer.train.alignment). "shared": only
     # those holding its biology, found label-free as mutual nearest neighbours, so a cell

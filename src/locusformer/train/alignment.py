@@ -324,7 +324,13 @@ def _gates(weight: np.ndarray, onehot: np.ndarray) -> np.ndarray:
 
 
 def input_levels(
-    X: Any, codes: np.ndarray, n_clusters: int, seed: int, *, max_samples: int = INPUT_MAX_SAMPLES
+    X: Any,
+    codes: np.ndarray,
+    n_clusters: int,
+    seed: int,
+    *,
+    max_samples: int = INPUT_MAX_SAMPLES,
+    from_structure: bool = False,
 ) -> np.ndarray | None:
     """(n,) label-free level of each sample: its cluster in the input, corrected quickly.
 
@@ -332,7 +338,9 @@ def input_levels(
     scale per locus removed) on at most ``max_samples`` rows (seeded), each batch then
     re-centred on its mutual nearest neighbours (:func:`mnn_recentred`: ComBat's location
     is the batch's mean, which follows its composition), the PCA of what that returns,
-    and k-means (``n_init=10``) into ``n_clusters``. Training removes the batch within
+    and k-means (``n_init=10``) into ``n_clusters``, or with ``from_structure`` into as
+    many as that matrix has structured axes plus one, at most ``n_clusters``
+    (:func:`cluster_count`). Training removes the batch within
     each cluster (the level term, :func:`locusformer.model.losses.level_batch_share`).
     Decided on the input, the clusters do not depend on how far the model has mixed its
     latent: the latent clusters close every gate while a strong batch effect still splits
@@ -356,10 +364,15 @@ def input_levels(
     counts = np.bincount(codes[rows])
     if (counts > 0).sum() < 2 or counts[counts > 0].min() < 2:
         return None
+    from locusformer.pp.pca import n_pcs, pca
+
     x = np.asarray(X[rows], dtype=np.float32)  # read once: X may be on disk
-    scores = quick_scores(x, codes[rows], seed)
-    if scores is None:
+    quick = quick_matrix(x, codes[rows], seed)
+    if quick is None:
         return None
+    if from_structure:
+        n_clusters = cluster_count(quick, n_clusters, seed)
+    scores = pca(quick, n_pcs(*quick.shape), seed)
     k = max(1, min(n_clusters, len(rows)))
     found = KMeans(k, n_init=10, random_state=seed).fit_predict(scores).astype(np.int64)
     agree = level_agreement(x, codes[rows], found, seed)
@@ -378,6 +391,23 @@ def input_levels(
     levels[rows] = found
     _fill_from_sampled(levels, _pca(X, rows, MNN_PCS, seed), codes, rows)
     return levels
+
+
+def cluster_count(quick: np.ndarray, most: int, seed: int) -> int:
+    """Clusters to cut ``quick`` (samples x loci, the quick correction) into: one more than
+    its principal axes above a column-shuffled null (Horn's parallel analysis,
+    :func:`locusformer.train.fold.structured_axes`), at least 2 and at most ``most``.
+
+    k groups span k - 1 axes, so that many clusters can hold the structure the data show.
+    More cut groups arbitrarily, and on shallow counts the level term then folded the
+    latent (docs/notes/2026-12-07.md); a fixed count suits only data of that many groups.
+    """
+    from locusformer.train.fold import structured_axes  # fold imports this module
+
+    axes = structured_axes(quick, seed)
+    k = int(min(most, max(2, axes + 1)))
+    log.info("input clusters: %d structured axes, %d clusters (at most %d)", axes, k, most)
+    return k
 
 
 def level_agreement(
@@ -449,12 +479,19 @@ def _input_rows(codes: np.ndarray, max_samples: int, seed: int) -> np.ndarray:
 
 
 def quick_scores(x: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray | None:
-    """Principal-component scores of ``x`` (samples x loci, float32) corrected quickly and
-    without labels: ComBat, then each batch re-centred on its mutual nearest neighbours
-    (:func:`mnn_recentred`). None where the corrected matrix holds no structure above
-    that of shuffled loci (:data:`INPUT_STRUCTURE_RATIO`): its clusters would be noise."""
-    from locusformer.pp.combat import combat
+    """Principal-component scores of :func:`quick_matrix`, None where it is."""
     from locusformer.pp.pca import n_pcs, pca
+
+    quick = quick_matrix(x, codes, seed)
+    return None if quick is None else pca(quick, n_pcs(*quick.shape), seed)
+
+
+def quick_matrix(x: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray | None:
+    """``x`` (samples x loci, float32) corrected quickly and without labels: ComBat, then
+    each batch re-centred on its mutual nearest neighbours (:func:`mnn_recentred`). None
+    where ComBat's output holds no structure above that of shuffled loci
+    (:data:`INPUT_STRUCTURE_RATIO`): its clusters would be noise."""
+    from locusformer.pp.combat import combat
 
     quick = combat(x, codes)  # written to a new array
     ratio = structure_ratio(quick, seed)
@@ -465,8 +502,7 @@ def quick_scores(x: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray | No
             ratio,
         )
         return None
-    quick = mnn_recentred(quick, codes, seed)
-    return pca(quick, n_pcs(*quick.shape), seed)
+    return mnn_recentred(quick, codes, seed)
 
 
 def mnn_recentred(x: np.ndarray, codes: np.ndarray, seed: int, *, k: int = MNN_K) -> np.ndarray:

@@ -480,7 +480,10 @@ def _input_clusters(inputs: _RunInputs) -> np.ndarray | None:
     tc = inputs.tc
     if not tc.input_clusters or len(inputs.batch_names) < 2:
         return None
-    return input_levels(inputs.X, inputs.codes, tc.input_clusters, inputs.seed)
+    from_structure = tc.input_cluster_count == "structure"
+    return input_levels(
+        inputs.X, inputs.codes, tc.input_clusters, inputs.seed, from_structure=from_structure
+    )
 
 
 def _build_model(
