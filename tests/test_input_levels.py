@@ -283,3 +283,49 @@ def test_input_clusters_remove_a_known_batch_effect_and_keep_the_groups() -> Non
     assert probe(corrected, sim.batch) < 0.7
     assert probe(latent, sim.batch) < 0.65
     assert probe(corrected, sim.group) > 0.9
+
+
+@pytest.mark.parametrize("n_groups", [2, 3, 4])
+def test_cluster_count_follows_the_groups_the_data_hold(n_groups: int) -> None:
+    # n groups span n - 1 axes above the shuffled null: as many clusters as groups,
+    # whatever the most allowed
+    x, codes, groups = _data(60, [list(range(n_groups))] * 2, shift=3.0)
+    quick = alignment.quick_matrix(x, codes, seed=0)
+    assert alignment.cluster_count(quick, most=8, seed=0) == n_groups
+    levels = input_levels(x, codes, n_clusters=8, seed=0, from_structure=True)
+    assert levels is not None and len(np.unique(levels)) == n_groups
+    assert adjusted_rand_score(groups, levels) > 0.95
+
+
+def test_cluster_count_stays_within_its_bounds() -> None:
+    x, codes, _ = _data(60, [[0, 1, 2, 3]] * 2, shift=3.0)
+    quick = alignment.quick_matrix(x, codes, seed=0)
+    assert alignment.cluster_count(quick, most=3, seed=0) == 3
+    noise = np.random.default_rng(1).normal(size=(120, 200)).astype(np.float32)
+    assert alignment.cluster_count(noise, most=8, seed=0) == 2  # no axis: two, the least
+
+
+@pytest.mark.parametrize(("count", "expected"), [("structure", 2), ("fixed", 8)])
+def test_the_run_cuts_as_many_clusters_as_its_count_says(monkeypatch, count, expected) -> None:
+    """``input_cluster_count`` reaches the clusters the level term is given: two groups hold
+    one structured axis, so "structure" cuts two of the eight allowed, "fixed" eight."""
+    import torch
+
+    from locusformer.train import loop
+
+    found = []
+    real = loop.input_levels
+
+    def record(*args, **kwargs):
+        found.append(real(*args, **kwargs))
+        return found[-1]
+
+    monkeypatch.setattr(loop, "input_levels", record)
+    torch.set_num_threads(1)
+    sim, labels = _two_groups(160)
+    train = dict(
+        max_epochs=1, batch_size=32, adversary_rampup_epochs=1, fold_check=False,
+        refit_steps=0, input_clusters=8, input_cluster_count=count,
+    )  # fmt: skip
+    loop.train_corrector(sim.X, labels, sim.loci, SMALL, train, seed=0, progress=False)
+    assert len(found) == 1 and len(np.unique(found[0])) == expected

@@ -6,7 +6,7 @@ For each data set, on at most 5,000 rows (seeded, as the fold check samples them
 input corrected quickly (``locusformer.train.fold.quick_correction``: ComBat, each batch
 re-centred on its mutual nearest neighbours), each locus standardized, its principal axes
 against the largest main axis of five column shuffles (parallel analysis,
-``fold.spectrum_and_null``, which ``fold.structured_axes`` reads). One row per data set
+``alignment.spectrum_and_null``, which ``alignment.structured_axes`` reads). One row per data set
 into ``--out`` (appended): the axes above the null, the share of the variance they carry
 beyond it (sum of ``s_i^2 - null^2`` over the total), the share they carry, the main
 axis over the null's (``alignment.structure_ratio``) and the main axis' share.
@@ -35,8 +35,8 @@ from probes import append_row  # noqa: E402
 from suite import BATCH_KEY, prepare  # noqa: E402
 
 from locusformer.simulate.scenarios import SUITE  # noqa: E402
-from locusformer.train.alignment import structure_ratio  # noqa: E402
-from locusformer.train.fold import quick_correction, spectrum_and_null  # noqa: E402
+from locusformer.train.alignment import spectrum_and_null, structure_ratio  # noqa: E402
+from locusformer.train.fold import quick_correction  # noqa: E402
 from locusformer.train.runtime import sampled_rows  # noqa: E402
 
 MAX_ROWS = 5000

@@ -396,14 +396,12 @@ def input_levels(
 def cluster_count(quick: np.ndarray, most: int, seed: int) -> int:
     """Clusters to cut ``quick`` (samples x loci, the quick correction) into: one more than
     its principal axes above a column-shuffled null (Horn's parallel analysis,
-    :func:`locusformer.train.fold.structured_axes`), at least 2 and at most ``most``.
+    :func:`structured_axes`), at least 2 and at most ``most``.
 
     k groups span k - 1 axes, so that many clusters can hold the structure the data show.
     More cut groups arbitrarily, and on shallow counts the level term then folded the
     latent (docs/notes/2026-12-07.md); a fixed count suits only data of that many groups.
     """
-    from locusformer.train.fold import structured_axes  # fold imports this module
-
     axes = structured_axes(quick, seed)
     k = int(min(most, max(2, axes + 1)))
     log.info("input clusters: %d structured axes, %d clusters (at most %d)", axes, k, most)
@@ -550,6 +548,39 @@ def structure_ratio(x: np.ndarray, seed: int) -> float:
     shuffled = shuffled_loci(z, np.random.default_rng([seed, 6]))
     top = [randomized_svd(m, 1, random_state=seed)[1][0] for m in (z, shuffled)]
     return float((top[0] / max(top[1], 1e-12)) ** 2)
+
+
+#: Principal axes the structure is sought among at most.
+STRUCTURE_MAX_AXES = 20
+#: Column shuffles whose largest main axis is the noise level.
+NULL_DRAWS = 5
+
+
+def structured_axes(x: np.ndarray, seed: int) -> int:
+    """Principal axes of ``x`` (samples x loci, each locus standardized) whose variance
+    exceeds that of the main axis of the same values with every locus shuffled on its own
+    (Horn's parallel analysis; the largest over :data:`NULL_DRAWS` shuffles), at most
+    :data:`STRUCTURE_MAX_AXES`."""
+    values, null = spectrum_and_null(x, seed)
+    return int((values > null).sum())
+
+
+def spectrum_and_null(x: np.ndarray, seed: int) -> tuple[np.ndarray, float]:
+    """The singular values of ``x`` with each locus standardized (its first
+    :data:`STRUCTURE_MAX_AXES` - 1 at most), and the largest main singular value of
+    :data:`NULL_DRAWS` column shuffles of it: :func:`structured_axes`' two sides."""
+    from sklearn.utils.extmath import randomized_svd
+
+    z = standardized_loci(x)
+    rng = np.random.default_rng([seed, 6])
+    most = max(1, min(STRUCTURE_MAX_AXES, *z.shape) - 1)
+    s = randomized_svd(z, most, random_state=seed)[1]
+    # The largest of a few shuffles' main axes: one shuffle's varies as much as noise
+    # axes differ from one another, and noise would then count as structure.
+    top = 0.0
+    for _ in range(NULL_DRAWS):
+        top = max(top, randomized_svd(shuffled_loci(z, rng), most, random_state=seed)[1][0])
+    return s, float(top)
 
 
 def standardized_loci(x: np.ndarray) -> np.ndarray:

@@ -25,7 +25,7 @@ import torch
 
 from locusformer.model.network import LocusFormer
 from locusformer.pp.combat import combat
-from locusformer.train.alignment import mnn_recentred, shuffled_loci, standardized_loci
+from locusformer.train.alignment import mnn_recentred, structured_axes
 from locusformer.train.runtime import evaluating_on_cpu, sampled_rows
 
 #: A run whose corrected matrix explains less than this share of the quick correction's
@@ -36,37 +36,6 @@ from locusformer.train.runtime import evaluating_on_cpu, sampled_rows
 FOLD_BELOW = 0.6
 #: Rows the check reads at most (seeded sample).
 FOLD_MAX_ROWS = 5000
-#: Principal axes the structure is sought among at most.
-FOLD_MAX_AXES = 20
-#: Column shuffles whose largest main axis is the noise level.
-NULL_DRAWS = 5
-
-
-def structured_axes(x: np.ndarray, seed: int) -> int:
-    """Principal axes of ``x`` (samples x loci, each locus standardized) whose variance
-    exceeds that of the main axis of the same values with every locus shuffled on its own
-    (Horn's parallel analysis; the largest over :data:`NULL_DRAWS` shuffles), at most
-    :data:`FOLD_MAX_AXES`."""
-    values, null = spectrum_and_null(x, seed)
-    return int((values > null).sum())
-
-
-def spectrum_and_null(x: np.ndarray, seed: int) -> tuple[np.ndarray, float]:
-    """The singular values of ``x`` with each locus standardized (its first
-    :data:`FOLD_MAX_AXES` - 1 at most), and the largest main singular value of
-    :data:`NULL_DRAWS` column shuffles of it: :func:`structured_axes`' two sides."""
-    from sklearn.utils.extmath import randomized_svd
-
-    z = standardized_loci(x)
-    rng = np.random.default_rng([seed, 6])
-    most = max(1, min(FOLD_MAX_AXES, *z.shape) - 1)
-    s = randomized_svd(z, most, random_state=seed)[1]
-    # The largest of a few shuffles' main axes: one shuffle's varies as much as noise
-    # axes differ from one another, and noise would then count as structure.
-    top = 0.0
-    for _ in range(NULL_DRAWS):
-        top = max(top, randomized_svd(shuffled_loci(z, rng), most, random_state=seed)[1][0])
-    return s, float(top)
 
 
 def _scores(x: np.ndarray, k: int) -> np.ndarray:
