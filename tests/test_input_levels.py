@@ -329,3 +329,22 @@ def test_the_run_cuts_as_many_clusters_as_its_count_says(monkeypatch, count, exp
     )  # fmt: skip
     loop.train_corrector(sim.X, labels, sim.loci, SMALL, train, seed=0, progress=False)
     assert len(found) == 1 and len(np.unique(found[0])) == expected
+
+
+def test_agreement_is_read_on_the_finest_cut_whatever_the_count(monkeypatch) -> None:
+    """The contrasts of a few clusters are a few pairs, whose correlation is noise: the
+    agreement between batches is read on ``n_clusters`` even where the structure cuts
+    fewer, and the clusters the level term gets are the fewer."""
+    x, codes, groups = _data(60, [[0, 1, 2], [0, 1, 2]], shift=3.0)
+    read = []
+    real = alignment.level_agreement
+
+    def record(x, codes, levels, seed):
+        read.append(len(np.unique(levels)))
+        return real(x, codes, levels, seed)
+
+    monkeypatch.setattr(alignment, "level_agreement", record)
+    levels = input_levels(x, codes, n_clusters=8, seed=0, from_structure=True)
+    assert read == [8]
+    assert levels is not None and len(np.unique(levels)) == 3
+    assert adjusted_rand_score(groups, levels) > 0.95
