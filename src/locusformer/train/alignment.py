@@ -340,8 +340,8 @@ def input_levels(
     is the batch's mean, which follows its composition), the PCA of what that returns,
     and k-means (``n_init=10``) into ``n_clusters``, or with ``from_structure`` into as
     many as that matrix has structured axes plus one, at most ``n_clusters``
-    (:func:`cluster_count`). Training removes the batch within
-    each cluster (the level term, :func:`locusformer.model.losses.level_batch_share`).
+    (:func:`cluster_count`). Training removes the batch within each cluster (the level
+    term, :func:`locusformer.model.losses.level_batch_share`).
     Decided on the input, the clusters do not depend on how far the model has mixed its
     latent: the latent clusters close every gate while a strong batch effect still splits
     the latent (issue 38). Unlike protected levels they leave the adversary's target
@@ -354,9 +354,10 @@ def input_levels(
     one batch, or where the clusters' contrasts within batches disagree between batches
     (:func:`level_agreement`, read on the ``n_clusters`` cut whatever the count): a
     cluster would then hold different biology in different batches, and the level term
-    would pull it together. Every batch has
-    :data:`INPUT_MIN_PER_BATCH` sampled rows, or all of its rows where it has fewer.
+    would pull it together. Every batch has :data:`INPUT_MIN_PER_BATCH` sampled rows, or
+    all of its rows where it has fewer.
     """
+    from locusformer.pp.pca import n_pcs, pca
 
     codes = np.asarray(codes)
     n = len(codes)
@@ -364,8 +365,6 @@ def input_levels(
     counts = np.bincount(codes[rows])
     if (counts > 0).sum() < 2 or counts[counts > 0].min() < 2:
         return None
-    from locusformer.pp.pca import n_pcs, pca
-
     x = np.asarray(X[rows], dtype=np.float32)  # read once: X may be on disk
     quick = quick_matrix(x, codes[rows], seed)
     if quick is None:
