@@ -4,7 +4,7 @@ On shallow counts the input clusters' level term can fold the latent: the correc
 matrix keeps two principal axes where the run without the clusters keeps six, and bio
 falls (notes of 2026-12-06). A guard would compare the corrected matrix with something the
 fold cannot touch: the input, corrected quickly and without labels
-(:func:`locusformer.train.alignment.quick_scores`' ComBat and mutual-neighbour re-centring).
+(:func:`locusformer.train.alignment.quick_matrix`'s ComBat and mutual-neighbour re-centring).
 
 For each simulated data set and seed this trains LocusFormer once per variant (the
 defaults, and ``--off``: ``input_clusters`` 0), corrects as the suite does, scores it as

@@ -157,9 +157,10 @@ def quick_clusters(x: np.ndarray, codes: np.ndarray, n_clusters: int, seed: int)
 
     from locusformer.train.alignment import quick_scores
 
-    scores = quick_scores(np.asarray(x, dtype=np.float32), codes, seed)
-    if scores is None:
+    quick = quick_scores(np.asarray(x, dtype=np.float32), codes, seed)
+    if quick is None:
         return None, None
+    scores = quick.scores
     k = max(1, min(n_clusters, len(codes)))
     found = KMeans(k, n_init=10, random_state=seed).fit_predict(scores).astype(np.int64)
     return found, scores

@@ -6,9 +6,9 @@ uncorrected data's PCA. Where the clusters cut a group in two, that neighbour fo
 the noise across the cut: on the 100k scale data it disagreed with the clusters' own
 assignment for 10 to 16% of the rows of the two groups cut. With ``LF_FILL=predict`` in
 the environment, this hook replaces the fill: the quick correction
-(``train.alignment.quick_scores``) of all rows, k-means fitted on the same sampled rows
-and every row given its nearest centre. Put this folder first on ``PYTHONPATH`` and run
-the workflow (its rules keep a ``PYTHONPATH`` that is set):
+(``train.alignment.quick_scores``: the matrix and its PCA) of all rows, k-means fitted
+on the same sampled rows and every row given its nearest centre. Put this folder first
+on ``PYTHONPATH`` and run the workflow (its rules keep a ``PYTHONPATH`` that is set):
 
     cd RUN && LF_FILL=predict PYTHONPATH=$REPO/benchmarks/quality/scale_levels:$REPO/src \\
         snakemake --snakefile $REPO/workflow/Snakefile --directory RUN --cores 2 \\
@@ -53,19 +53,23 @@ if os.environ.get("LF_FILL") == "predict":
 
     from locusformer.train import alignment, loop
 
-    def _predicted_levels(X, codes, n_clusters, seed, *, max_samples=alignment.INPUT_MAX_SAMPLES):
+    def _predicted_levels(
+        X, codes, n_clusters, seed, *, max_samples=alignment.INPUT_MAX_SAMPLES, **kwargs
+    ):
         from sklearn.cluster import KMeans
 
         codes = np.asarray(codes)
         n = len(codes)
         if n <= max_samples:
-            return alignment.input_levels(X, codes, n_clusters, seed)
+            return alignment.input_levels(X, codes, n_clusters, seed, **kwargs)
         rows = alignment._input_rows(codes, max_samples, seed)
-        scores = alignment.quick_scores(np.asarray(X, dtype=np.float32), codes, seed)
-        if scores is None:
+        quick = alignment.quick_scores(np.asarray(X, dtype=np.float32), codes, seed)
+        if quick is None:
             return None
-        kmeans = KMeans(n_clusters, n_init=10, random_state=seed).fit(scores[rows])
-        return kmeans.predict(scores).astype(np.int64)
+        if kwargs.get("from_structure"):
+            n_clusters = alignment.cluster_count(quick.matrix[rows], n_clusters, seed)
+        kmeans = KMeans(n_clusters, n_init=10, random_state=seed).fit(quick.scores[rows])
+        return kmeans.predict(quick.scores).astype(np.int64)
 
     loop.input_levels = _predicted_levels
 
@@ -83,9 +87,10 @@ if os.environ.get("LF_QUICK") == "harmony":
     def _harmonized(x, codes, seed):
         import harmonypy
 
-        scores = _quick(x, codes, seed)
-        if scores is None:
+        quick = _quick(x, codes, seed)
+        if quick is None:
             return None
+        scores = quick.scores
         logging.getLogger("harmonypy").setLevel(logging.WARNING)
         n = len(codes)
         meta = pd.DataFrame({"b": pd.Categorical(np.asarray(codes))})
@@ -99,7 +104,7 @@ if os.environ.get("LF_QUICK") == "harmony":
             verbose=False,
         )
         z = np.asarray(ho.Z_corr)
-        return (z.T if z.shape[0] != n else z).astype(np.float32)
+        return quick._replace(scores=(z.T if z.shape[0] != n else z).astype(np.float32))
 
     alignment.quick_scores = _harmonized
 

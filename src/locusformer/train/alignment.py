@@ -357,8 +357,6 @@ def input_levels(
     would pull it together. Every batch has :data:`INPUT_MIN_PER_BATCH` sampled rows, or
     all of its rows where it has fewer.
     """
-    from locusformer.pp.pca import n_pcs, pca
-
     codes = np.asarray(codes)
     n = len(codes)
     rows = np.arange(n) if n <= max_samples else _input_rows(codes, max_samples, seed)
@@ -366,11 +364,10 @@ def input_levels(
     if (counts > 0).sum() < 2 or counts[counts > 0].min() < 2:
         return None
     x = np.asarray(X[rows], dtype=np.float32)  # read once: X may be on disk
-    quick = quick_matrix(x, codes[rows], seed)
+    quick = quick_scores(x, codes[rows], seed)
     if quick is None:
         return None
-    scores = pca(quick, n_pcs(*quick.shape), seed)
-    finest = _cut(scores, n_clusters, seed)
+    finest = _cut(quick.scores, n_clusters, seed)
     # The agreement is read on the finest cut allowed: the contrasts of a few clusters
     # are a few pairs, and their correlation is noise (two confounded bulk studies of
     # the suite read 0.76 and 0.79 at four clusters, 0.05 and -0.07 at eight).
@@ -384,8 +381,8 @@ def input_levels(
             LEVEL_AGREEMENT,
         )
         return None
-    k = cluster_count(quick, n_clusters, seed) if from_structure else n_clusters
-    found = finest if k >= n_clusters else _cut(scores, k, seed)
+    k = cluster_count(quick.matrix, n_clusters, seed) if from_structure else n_clusters
+    found = finest if k >= n_clusters else _cut(quick.scores, k, seed)
     if len(rows) == n:
         return found
     levels = np.empty(n, dtype=np.int64)
@@ -485,12 +482,22 @@ def _input_rows(codes: np.ndarray, max_samples: int, seed: int) -> np.ndarray:
     return np.sort(np.concatenate([rows, *extra]))
 
 
-def quick_scores(x: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray | None:
-    """Principal-component scores of :func:`quick_matrix`, None where it is."""
+class Quick(NamedTuple):
+    """The input corrected quickly (:func:`quick_matrix`) and the space its clusters are
+    cut in."""
+
+    matrix: np.ndarray  # (n, L)
+    scores: np.ndarray  # (n, k) its principal-component scores
+
+
+def quick_scores(x: np.ndarray, codes: np.ndarray, seed: int) -> Quick | None:
+    """:func:`quick_matrix` and its principal-component scores, None where it is None.
+    The one place :func:`input_levels` gets its clusters' space from (the probes in
+    benchmarks/quality/scale_levels replace it)."""
     from locusformer.pp.pca import n_pcs, pca
 
     quick = quick_matrix(x, codes, seed)
-    return None if quick is None else pca(quick, n_pcs(*quick.shape), seed)
+    return None if quick is None else Quick(quick, pca(quick, n_pcs(*quick.shape), seed))
 
 
 def quick_matrix(x: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray | None:

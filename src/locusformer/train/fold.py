@@ -87,6 +87,6 @@ def fold_capture(net: LocusFormer, X: np.ndarray, codes: np.ndarray, seed: int) 
 
 def quick_correction(x: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray:
     """``x`` (samples x loci) corrected quickly and without labels, as the input clusters'
-    search corrects it (:func:`locusformer.train.alignment.quick_scores`, before its PCA):
+    search corrects it (:func:`locusformer.train.alignment.quick_matrix`, without its floor):
     ComBat, then each batch re-centred on its mutual nearest neighbours."""
     return mnn_recentred(combat(x, codes), codes, seed)
