@@ -98,8 +98,8 @@ LEVEL_AGREEMENT = 0.5
 #: Axes of the variation within batches the contrasts are compared on: the clusters'
 #: differences lie there, the noise of a few samples' means mostly elsewhere.
 AGREEMENT_AXES = 10
-#: Mutual pairs each batch's residual shift (:func:`mnn_recentred`) is a mean over, at
-#: most (seeded): the mean of 2,000 differences is far inside the shift it corrects.
+#: Mutual pairs each batch's residual shift (:func:`mnn_recentred`) is a median over, at
+#: most (seeded): the median of 2,000 differences is far inside the shift it corrects.
 RECENTRE_MAX_PAIRS = 2_000
 #: Quantile bins a numeric covariate is cut into (its levels).
 NUMERIC_BINS = 5
@@ -521,24 +521,17 @@ def quick_matrix(x: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray | No
 
 def mnn_recentred(x: np.ndarray, codes: np.ndarray, seed: int, *, k: int = MNN_K) -> np.ndarray:
     """``x`` (samples x loci, batch-corrected) with each batch moved by the per-locus
-    mean difference over its mutual nearest-neighbour pairs with the other batches.
+    median difference over its mutual nearest-neighbour pairs with the other batches.
 
     ComBat's per-batch location is the batch's mean, so a batch made mostly of one type is
     pulled onto the others' types: on the skewed CellBench five sets its clusters paired
     different cell lines across batches. Mutual pairs compare like with like (Haghverdi
-    et al. 2018), and where ComBat was right the mean over them is about zero. Found on
+    et al. 2018), and where ComBat was right the median over them is about zero. Found on
     ComBat's output rather than the raw input, the pairs survive a batch effect stronger
     than the biology, which pairs on the raw input did not (notes of 2026-12-05).
 
-    The mean, not the median: ComBat equalizes each locus's batch means and variances,
-    not the shape of its values. On shallow counts a batch with more dropout holds more
-    zeros, and the median difference over pairs then moves every sparse locus of that
-    batch the same way: a batch axis, the quick correction's main one on the suite's
-    shallow studies (notes of 2026-12-07). The mean over like pairs keeps what ComBat
-    got right.
-
     Every batch moves at once, towards the pool of the others; the pool moves towards it
-    too, so batch b takes the share ``1 - n_b / n`` of its mean difference (two equal
+    too, so batch b takes the share ``1 - n_b / n`` of its median difference (two equal
     batches meet halfway rather than trading places).
     """
     codes = np.asarray(codes)
@@ -555,7 +548,7 @@ def mnn_recentred(x: np.ndarray, codes: np.ndarray, seed: int, *, k: int = MNN_K
         if len(p) > RECENTRE_MAX_PAIRS:
             keep = np.sort(rng.choice(len(p), RECENTRE_MAX_PAIRS, replace=False))
             p, j = p[keep], j[keep]
-        shift = (x[rest[there[p, j]]] - x[mine[p]]).mean(axis=0)
+        shift = np.median(x[rest[there[p, j]]] - x[mine[p]], axis=0)
         out[mine] += (1.0 - len(mine) / n) * shift.astype(out.dtype)
     return out
 
