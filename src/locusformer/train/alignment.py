@@ -533,6 +533,12 @@ def mnn_recentred(x: np.ndarray, codes: np.ndarray, seed: int, *, k: int = MNN_K
     Every batch moves at once, towards the pool of the others; the pool moves towards it
     too, so batch b takes the share ``1 - n_b / n`` of its median difference (two equal
     batches meet halfway rather than trading places).
+
+    On shallow counts the median moves each sparse locus by its batch's dropout, which
+    ComBat's means and variances leave alone: the result's main axis is then a batch
+    axis. The mean over the pairs has none, but the fold check reads its structure too,
+    and with it let total confounding's clusters through on a seed (notes of
+    2026-12-07): the median stays until the fold check no longer leans on it.
     """
     codes = np.asarray(codes)
     n = len(codes)
