@@ -78,15 +78,13 @@ INPUT_MAX_SAMPLES = 20_000
 #: about four times in five, and that batch would then have no sampled row to take a
 #: level from, nor ComBat an estimate of its batch effect.
 INPUT_MIN_PER_BATCH = 50
-#: Least :func:`structure_ratio` of the batch-corrected input for its clusters to be used:
+#: Least :func:`structure_ratio` of the batch-corrected input, each sample's mean
+#: expression taken out (:func:`without_mean_expression`), for its clusters to be used:
 #: above noise, which reads 0.96 to 1.09 (60 draws of Poisson counts, 20 to 3,000 samples
-#: of 1,000 to 5,000 loci). It was 2.5, set to keep out total confounding (each batch one
-#: class of its own: 1.68 to 1.93), where ComBat leaves its technical axes and k-means
-#: cuts them arbitrarily; the fold check now retrains those runs without the clusters
-#: (the suite's ``confounded-total``: the same totals to the last digit), and the floor
-#: kept the clusters from studies of tens of samples, whose biology reads low beside the
-#: noise of so few (``n-40``: 1.37 to 2.02; 0.686 to 0.770 over six seeds with them;
-#: docs/notes/2026-12-07.md).
+#: of 1,000 to 5,000 loci). Total confounding (each batch one class of its own), where
+#: ComBat leaves only the technical axis of the mean expression, reads 0.98 to 1.06
+#: without it; studies of tens of samples, whose biology reads low beside the noise of so
+#: few, 1.62 to 2.09 (the suite's ``n-40``; docs/notes/2026-12-07.md).
 INPUT_STRUCTURE_RATIO = 1.2
 #: Least agreement of the input clusters' contrasts within batches between batches
 #: (:func:`level_agreement`) for the clusters to be used. Where the quick correction
@@ -98,8 +96,8 @@ LEVEL_AGREEMENT = 0.5
 #: Axes of the variation within batches the contrasts are compared on: the clusters'
 #: differences lie there, the noise of a few samples' means mostly elsewhere.
 AGREEMENT_AXES = 10
-#: Mutual pairs each batch's residual shift (:func:`mnn_recentred`) is a median over, at
-#: most (seeded): the median of 2,000 differences is far inside the shift it corrects.
+#: Mutual pairs each batch's residual shift (:func:`mnn_recentred`) is a mean over, at
+#: most (seeded): the mean of 2,000 differences is far inside the shift it corrects.
 RECENTRE_MAX_PAIRS = 2_000
 #: Quantile bins a numeric covariate is cut into (its levels).
 NUMERIC_BINS = 5
@@ -504,41 +502,62 @@ def quick_matrix(x: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray | No
     """``x`` (samples x loci, float32) corrected quickly and without labels: ComBat, then
     each batch re-centred on its mutual nearest neighbours (:func:`mnn_recentred`). None
     where ComBat's output holds no structure above that of shuffled loci
-    (:data:`INPUT_STRUCTURE_RATIO`): its clusters would be noise."""
+    (:data:`INPUT_STRUCTURE_RATIO`) once each sample's mean expression is taken out of it
+    (:func:`without_mean_expression`): its clusters would be noise, or that axis cut."""
     from locusformer.pp.combat import combat
 
     quick = combat(x, codes)  # written to a new array
-    ratio = structure_ratio(quick, seed)
+    ratio = structure_ratio(without_mean_expression(quick), seed)
     if ratio < INPUT_STRUCTURE_RATIO:
         log.info(
             "input clusters: the batch-corrected input holds no structure to cluster "
-            "(main axis %.1f times that of shuffled genes); left to the latent's clusters",
+            "beyond each sample's mean expression (main axis %.1f times that of shuffled "
+            "genes); left to the latent's clusters",
             ratio,
         )
         return None
     return mnn_recentred(quick, codes, seed)
 
 
+def without_mean_expression(x: np.ndarray) -> np.ndarray:
+    """``x`` (samples x loci) with each locus's linear dependence on the sample's mean over
+    its loci removed (least squares): the axis of depth and detected genes.
+
+    Every batch holds that axis, and ComBat keeps it. Where each batch is one class of its
+    own, ComBat removes the biology with the batch and that axis is all the structure
+    left (the suite's ``confounded-total``: 1.65 to 1.75 times the null, 0.96 correlated
+    with the mean expression; without it 0.98 to 1.06, noise); clusters cut along it
+    would let the level term pull the classes together (notes of 2026-12-07). Read for
+    the floor only: the clusters are cut with it, since groups differ in their mean
+    expression too.
+    """
+    m = x.mean(axis=1, dtype=np.float64)
+    m -= m.mean()
+    centred = x - x.mean(axis=0)
+    beta = (m @ centred) / max(float(m @ m), 1e-12)
+    return (x - np.outer(m, beta)).astype(x.dtype, copy=False)
+
+
 def mnn_recentred(x: np.ndarray, codes: np.ndarray, seed: int, *, k: int = MNN_K) -> np.ndarray:
     """``x`` (samples x loci, batch-corrected) with each batch moved by the per-locus
-    median difference over its mutual nearest-neighbour pairs with the other batches.
+    mean difference over its mutual nearest-neighbour pairs with the other batches.
 
     ComBat's per-batch location is the batch's mean, so a batch made mostly of one type is
     pulled onto the others' types: on the skewed CellBench five sets its clusters paired
     different cell lines across batches. Mutual pairs compare like with like (Haghverdi
-    et al. 2018), and where ComBat was right the median over them is about zero. Found on
+    et al. 2018), and where ComBat was right the mean over them is about zero. Found on
     ComBat's output rather than the raw input, the pairs survive a batch effect stronger
     than the biology, which pairs on the raw input did not (notes of 2026-12-05).
 
-    Every batch moves at once, towards the pool of the others; the pool moves towards it
-    too, so batch b takes the share ``1 - n_b / n`` of its median difference (two equal
-    batches meet halfway rather than trading places).
+    The mean, not the median: ComBat equalizes each locus's batch means and variances,
+    not its share of zeros. On shallow counts a batch with more dropout holds more zeros,
+    and the median difference over the pairs moved every sparse locus of that batch one
+    way: a batch axis, the main one of the suite's shallow studies, along which the input
+    clusters were cut and the batch stayed (notes of 2026-12-07).
 
-    On shallow counts the median moves each sparse locus by its batch's dropout, which
-    ComBat's means and variances leave alone: the result's main axis is then a batch
-    axis. The mean over the pairs has none, but the fold check reads its structure too,
-    and with it let total confounding's clusters through on a seed (notes of
-    2026-12-07): the median stays until the fold check no longer leans on it.
+    Every batch moves at once, towards the pool of the others; the pool moves towards it
+    too, so batch b takes the share ``1 - n_b / n`` of its mean difference (two equal
+    batches meet halfway rather than trading places).
     """
     codes = np.asarray(codes)
     n = len(codes)
@@ -554,7 +573,7 @@ def mnn_recentred(x: np.ndarray, codes: np.ndarray, seed: int, *, k: int = MNN_K
         if len(p) > RECENTRE_MAX_PAIRS:
             keep = np.sort(rng.choice(len(p), RECENTRE_MAX_PAIRS, replace=False))
             p, j = p[keep], j[keep]
-        shift = np.median(x[rest[there[p, j]]] - x[mine[p]], axis=0)
+        shift = (x[rest[there[p, j]]] - x[mine[p]]).mean(axis=0)
         out[mine] += (1.0 - len(mine) / n) * shift.astype(out.dtype)
     return out
 
