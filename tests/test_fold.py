@@ -19,7 +19,7 @@ MODEL = dict(
     patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=8,
     decoder_hidden=32, discriminator_hidden=16,
 )  # fmt: skip
-TRAIN = dict(max_epochs=2, batch_size=32, adversary_rampup_epochs=1, refit_steps=0)
+TRAIN = dict(max_epochs=2, batch_size=32, adversary_rampup_epochs=1, refit_steps=0, fold_check=True)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -66,7 +66,7 @@ def _train(data, **train):
 def test_a_folded_run_is_the_run_without_the_input_clusters(data, monkeypatch, caplog) -> None:
     monkeypatch.setattr(loop, "FOLD_BELOW", 1.01)  # every run reads as folded
     with caplog.at_level(logging.INFO, logger="locusformer.train.loop"):
-        checked, _ = _train(data)  # the check is on by default
+        checked, _ = _train(data)  # TRAIN turns the check on (off by default)
     assert "training again without the input clusters" in caplog.text
     assert same_state(checked, _train(data, input_clusters=0)[0])
     assert not same_state(checked, _train(data, fold_check=False)[0])
