@@ -532,10 +532,10 @@ def without_mean_expression(x: np.ndarray) -> np.ndarray:
     expression too.
     """
     m = x.mean(axis=1, dtype=np.float64)
-    m -= m.mean()
-    centred = x - x.mean(axis=0)
-    beta = (m @ centred) / max(float(m @ m), 1e-12)
-    return (x - np.outer(m, beta)).astype(x.dtype, copy=False)
+    m = (m - m.mean()).astype(x.dtype)  # centred, so m @ x is m @ (x - its column means)
+    beta = (m @ x) / max(float(m @ m), 1e-12)
+    # One temporary of x's size and dtype: the floor reads up to 20,000 rows.
+    return x - np.outer(m, beta.astype(x.dtype))
 
 
 def mnn_recentred(x: np.ndarray, codes: np.ndarray, seed: int, *, k: int = MNN_K) -> np.ndarray:
