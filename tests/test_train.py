@@ -174,6 +174,16 @@ def test_returns_the_best_weights(data) -> None:
     assert val_recon == pytest.approx(history["val_recon"].min(), rel=1e-5)
 
 
+def test_without_held_out_samples_the_training_reconstruction_decides(data) -> None:
+    """No samples held out (the default): every sample trains, and early stopping and
+    the kept epoch follow the training reconstruction."""
+    tc = dict(max_epochs=40, batch_size=16, adversary_rampup_epochs=0, lr=3e-2, patience=3)
+    _, history = run(data, train_config=dict(tc, refit_steps=0))
+    assert history["val_recon"].isna().all()
+    best = int(history["train_recon"].idxmin()) + 1
+    assert len(history) == best + 3 < 40
+
+
 def test_stratified_split_keeps_every_batch() -> None:
     codes = np.array([0] * 50 + [1] * 10 + [2] * 2)
     train, val = stratified_split(codes, 0.1, seed=0)
@@ -334,11 +344,10 @@ def test_validation_scores_a_fixed_draw_of_large_held_out_sets() -> None:
 def test_compiled_encoder_trains_like_the_eager_one(data, tmp_path: Path) -> None:
     """training.compile runs the encoder through torch.compile, same numbers, same files."""
     # Without dropout: compiled code draws its random numbers from another generator.
-    model = dict(MODEL, dropout=0.0)
-    eager, h_eager = run(data, model_config=model, train_config=dict(TRAIN, max_epochs=2))
-    compiled, h_compiled = run(
-        data, model_config=model, train_config=dict(TRAIN, max_epochs=2, compile=True)
-    )
+    # A held-out tenth, so that the validation pass is compared too.
+    model, tc = dict(MODEL, dropout=0.0), dict(TRAIN, max_epochs=2, val_fraction=0.1)
+    eager, h_eager = run(data, model_config=model, train_config=tc)
+    compiled, h_compiled = run(data, model_config=model, train_config=dict(tc, compile=True))
     # The same losses step by step (Adam turns rounding differences into parameter
     # differences of ~1e-3 within two epochs, so the weights are not compared)
     for column in ("train_recon", "train_total", "val_recon"):
