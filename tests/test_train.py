@@ -174,14 +174,19 @@ def test_returns_the_best_weights(data) -> None:
     assert val_recon == pytest.approx(history["val_recon"].min(), rel=1e-5)
 
 
-def test_without_held_out_samples_the_training_reconstruction_decides(data) -> None:
-    """No samples held out (the default): every sample trains, and early stopping and
-    the kept epoch follow the training reconstruction."""
+def test_without_held_out_samples_the_last_epoch_is_kept(data, tmp_path: Path) -> None:
+    """No samples held out (the default): every sample trains, early stopping follows the
+    training reconstruction, and the weights returned are the last epoch's, not those of
+    the lowest training reconstruction."""
     tc = dict(max_epochs=40, batch_size=16, adversary_rampup_epochs=0, lr=3e-2, patience=3)
-    _, history = run(data, train_config=dict(tc, refit_steps=0))
+    ckpt = tmp_path / "ckpt.pt"
+    model, history = run(data, train_config=dict(tc, refit_steps=0), checkpoint_path=ckpt)
     assert history["val_recon"].isna().all()
     best = int(history["train_recon"].idxmin()) + 1
     assert len(history) == best + 3 < 40
+    last = torch.load(ckpt, weights_only=True)["model"]  # saved after every epoch
+    kept = model.module.state_dict()
+    assert all(torch.equal(kept[k], v) for k, v in last.items())
 
 
 def test_stratified_split_keeps_every_batch() -> None:

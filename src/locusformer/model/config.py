@@ -317,13 +317,14 @@ class TrainConfig:
     warmup_fraction: float = 0.05  # of all steps, then cosine decay to 0
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
     # Share of the samples held out (stratified by batch) from training, to choose the
-    # kept epoch and for early stopping; 0: none, the kept epoch chosen on the training
-    # reconstruction. None by default: every sample is corrected, and a held-out one by a
-    # decoder that never fitted it. On 40 samples that tenth cost 0.025 of the total,
-    # where choosing the epoch on the training rows cost nothing (docs/notes/2026-12-07.md).
+    # kept epoch and for early stopping; 0: none, the last epoch kept. None by default:
+    # every sample is corrected, and a held-out one by a decoder that never fitted it. On
+    # 40 samples that tenth cost 0.025 of the total, where the epoch choice cost nothing
+    # (docs/notes/2026-12-07.md).
     val_fraction: float = 0.0
-    # Epochs without improvement of the monitored reconstruction before stopping; 0: no
-    # early stopping. Either way the best epoch after the ramp-up is kept.
+    # Epochs without improvement of the held-out reconstruction (the training one where
+    # none is held out) before stopping; 0: no early stopping. With samples held out the
+    # epoch of their best reconstruction after the ramp-up is kept.
     patience: int = 0
     # Processes, one per device (GPU, or CPU process with gloo), trained with
     # DistributedDataParallel; launched by torchrun (the train rule does). batch_size stays

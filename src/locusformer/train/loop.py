@@ -602,11 +602,15 @@ def _train_epochs(
 
         # Early stopping only once the adversary is at full strength: before, the
         # lowest reconstruction loss belongs to the least batch-corrected model.
-        monitored = row["val_recon"] if len(run.val_rows) else row["train_recon"]
+        held_out = len(run.val_rows) > 0
+        monitored = row["val_recon"] if held_out else row["train_recon"]
         if epoch + 1 >= rampup:
             if monitored < state.best_loss:
                 state.best_loss = monitored
-                state.best_state = cpu_state(model)
+                # With nothing held out the last epoch is kept: the training
+                # reconstruction is what the optimizer lowers, a minibatch mean whose
+                # noise chose epochs that kept the batch (docs/notes/2026-12-07.md).
+                state.best_state = cpu_state(model) if held_out else None
                 state.bad_epochs = 0
             else:
                 state.bad_epochs += 1
