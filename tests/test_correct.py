@@ -52,8 +52,8 @@ def test_removes_a_known_batch_effect_and_keeps_the_groups(with_batch_effect) ->
     corrected, latent = correct(model, sim.X, labels, device="cpu")
     assert corrected.dtype == np.float32 and corrected.shape == sim.X.shape
     assert latent.shape == (300, 16)
-    # Two batches: 0.5 is chance. Measured on seeds 0-2: 0.63, 0.65, 0.46 (a tenth held
-    # out, as before val_fraction 0: 0.57, 0.61, 0.49).
+    # Two batches: 0.5 is chance. Measured on seeds 0-2: 0.63, 0.65, 0.46 (with a tenth
+    # held out: 0.57, 0.61, 0.49).
     assert probe(corrected, sim.batch) < 0.65
     assert probe(latent, sim.batch) < 0.65
     # Three groups; measured on seeds 0-2: 1.0, 0.95, 0.95.

@@ -23,9 +23,9 @@ from locusformer.train.schedule import WarmupCosine
 SMALL = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
 # The extension is decided on the latent's clusters; the input's clusters are off so that
 # the toy's 4-epoch latent is the one the decision reads, as the tests describe. A tenth
-# held out, as the toy was built with: the decision reads the latent after one epoch,
-# and with every sample training that latent gave each batch a fair share of every
-# cluster, so the run was extended (the option is off by default).
+# held out: the decision reads the latent after one epoch, and with every sample training
+# this toy's latent gives each batch a fair share of every cluster there, so the run
+# would be extended (the option is off by default).
 TRAIN = dict(
     max_epochs=4, batch_size=32, batch_mean_clusters=3, adversary_rampup_epochs=2,
     shared_extension=0.75, input_clusters=0, refit_steps=0, val_fraction=0.1,
