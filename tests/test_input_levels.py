@@ -164,9 +164,9 @@ def _own_class_each(seed: int):
     return np.vstack(rows).astype(np.float32), np.array(codes)
 
 
-# Draw 0 reads 0.55 since the mutual pairs' shift became a mean (0.12 with the median,
-# robust to the pairs that join different classes): a known weakness of the agreement
-# check on 40 samples, kept visible; the suite's bulk-confounded, which it models, keeps
+# Draw 0 reads 0.55 with the mutual pairs' shift a mean (0.12 with a median, robust to
+# the pairs that join different classes): a known weakness of the agreement check on 40
+# samples, kept visible; the suite's bulk-confounded, which it models, keeps
 # its totals to the last digit on three seeds (docs/notes/2026-12-07.md).
 _MEAN_WEAKNESS = pytest.mark.xfail(
     strict=True, reason="agreement 0.55 on this draw with the mean over mutual pairs"
