@@ -190,7 +190,8 @@ def train_corrector(
     Returns
     -------
     The model with the best weights (lowest validation reconstruction once the adversary
-    is at full strength), in eval mode, and the per-epoch history.
+    is at full strength; the last epoch's where no samples are held out, the default), in
+    eval mode, and the per-epoch history.
     """
     mc = (
         model_config
@@ -607,10 +608,11 @@ def _train_epochs(
         if epoch + 1 >= rampup:
             if monitored < state.best_loss:
                 state.best_loss = monitored
-                # With nothing held out the last epoch is kept: the training
-                # reconstruction is what the optimizer lowers, a minibatch mean whose
-                # noise chose epochs that kept the batch (docs/notes/2026-12-07.md).
-                state.best_state = cpu_state(model) if held_out else None
+                # With nothing held out the last epoch is kept (no snapshot): the
+                # training reconstruction is what the optimizer lowers, a minibatch mean
+                # whose noise chose epochs that kept the batch (docs/notes/2026-12-07.md).
+                if held_out:
+                    state.best_state = cpu_state(model)
                 state.bad_epochs = 0
             else:
                 state.bad_epochs += 1
