@@ -1,8 +1,8 @@
 """Did ``torch.compile`` make training lose the batch correction on CUDA?
 
-Session 22 found, on an H200 (PyTorch 2.11, bf16 autocast), that a model trained with
-its encoder compiled kept the batch in its latent (probe 1.0 against 0.51 eager), and
-refused the setting on CUDA. This script (session 23) separates the places such a
+One run on an H200 (PyTorch 2.11, bf16 autocast) of a model trained with its encoder
+compiled kept the batch in its latent (probe 1.0 against 0.51 eager), and the setting
+was refused on CUDA (docs/notes/2026-12-04.md). This script separates the places such a
 failure can come from, on test_correct's data (tests/quality_probe.py):
 
 1. **One step, same weights and minibatch** (dropout off): the compiled encoder's latent,
@@ -17,8 +17,8 @@ failure can come from, on test_correct's data (tests/quality_probe.py):
    is wrong, not the training.
 
 The answer (docs/notes/2026-12-04.md): no compiler fault found. Compiled and eager steps
-agree to fp32 rounding in fp32; session 22's failure was seed 0's gates not opening within the run,
-which compiled seeds 1-5 and every eager seed did.
+agree to fp32 rounding in fp32; the failed run was seed 0's gates not opening within
+the run, which compiled seeds 1-5 and every eager seed did.
 
 Usage (``--device cpu`` runs the same checks here, slowly)::
 

@@ -7,7 +7,7 @@
 #
 # Runs under the machine's own python3 and PyTorch (no install): the CUDA tests need only
 # torch, numpy, pandas, pyarrow, tqdm and scikit-learn (tests/test_cuda.py).
-# On an H200 (session 22) each training of the tests took ~30 s: the tests need ~4
+# On an H200 (docs/notes/2026-12-04.md) each training of the tests took ~30 s: the tests need ~4
 # minutes, the whole script ~8. Start the call with timeout_s 600.
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1

@@ -1,5 +1,5 @@
 """The cluster term's gates on a prepared quality task: which batches hold a fair share
-of each latent cluster, at every epoch where the term acts (issue 18, session 18).
+of each latent cluster, at every epoch where the term acts (issue 18).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/gates.py WORK protocols 0,1,2
 

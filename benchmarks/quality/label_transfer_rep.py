@@ -1,5 +1,5 @@
 """Label transfer after zero-shot mapping, read from the latent or from a PCA of the
-corrected matrix (issue 14, session 18): is the per-set gap to scVI's surgery a matter of
+corrected matrix (issue 14): is the per-set gap to scVI's surgery a matter of
 which representation the kNN reads?
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/label_transfer_rep.py \\

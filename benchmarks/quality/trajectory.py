@@ -1,4 +1,4 @@
-"""When, during training, a reference's latent joins two cell lines (issue 14, session 24).
+"""When, during training, a reference's latent joins two cell lines (issue 14).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/trajectory.py \\
         benchmarks/out/kbet plate2 1 [--training '{"batch_mean_cover": true}'] [--show 20 26 32]
