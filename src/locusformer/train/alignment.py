@@ -89,9 +89,10 @@ INPUT_STRUCTURE_RATIO = 1.2
 #: Least agreement of the input clusters' contrasts within batches between batches
 #: (:func:`level_agreement`) for the clusters to be used. Where the quick correction
 #: joined different classes of different batches (the suite's ``bulk-confounded``, each
-#: batch mostly one class of its own: -0.07 to 0.44 over the seeds that cluster), the
-#: contrasts disagree; every other suite scenario and every CellBench task reads 0.685 or
-#: more (docs/notes/2026-12-06.md).
+#: batch mostly one class of its own: 0.11 to 0.46 at seeds 0-4), the contrasts
+#: disagree; every other suite scenario reads 0.59 or more at seeds 0-2 (``n-40`` 0.59 to
+#: 0.64; 0.45 at seed 3, whose clusters then go unused) and every CellBench task 0.85 or
+#: more (docs/notes/2026-12-06.md, docs/notes/2026-12-07.md).
 LEVEL_AGREEMENT = 0.5
 #: Axes of the variation within batches the contrasts are compared on: the clusters'
 #: differences lie there, the noise of a few samples' means mostly elsewhere.
