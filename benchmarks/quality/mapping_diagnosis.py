@@ -19,7 +19,7 @@ Printed per run:
   no mapping of the query can separate them.
 - ``total``: the scIB total of the combined reference + query with KMeans NMI and ARI
   from scib-metrics' single k-means start (``metrics.kmeans_starts: 1``, the workflow's
-  scoring before 2026-12-04), and ``total_km10`` from the best of ten starts (the
+  earlier scoring), and ``total_km10`` from the best of ten starts (the
   workflow's default since): how much of a gap is the clustering metric's start. With ``--surgery``
   (``mapping.py``'s ``--work``), the scVI surgery latents it kept are scored both ways too.
 """
