@@ -233,7 +233,7 @@ def test_training_with_clusters_resumes_where_it_stopped(tmp_path) -> None:
     small = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
     tc = dict(
         max_epochs=4, batch_size=32, batch_mean_scope="clusters", batch_mean_clusters=3,
-        adversary_rampup_epochs=1, refit_steps=0,
+        adversary_rampup_epochs=1, refit_steps=0, refit_factor=1,
     )  # fmt: skip
     torch.set_num_threads(1)
     args = (sim.X, labels, sim.loci, small)
@@ -275,7 +275,7 @@ def _trained_with_cover(X, labels, loci, cover: bool, monkeypatch) -> tuple[dict
     small = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
     tc = dict(
         max_epochs=4, batch_size=32, batch_mean_clusters=3, adversary_rampup_epochs=1,
-        batch_mean_cover=cover, refit_steps=0, batch_mean_levels=False,
+        batch_mean_cover=cover, refit_steps=0, refit_factor=1, batch_mean_levels=False,
     )  # fmt: skip
     torch.set_num_threads(1)
     model, _ = train.train_corrector(
@@ -341,7 +341,7 @@ def test_a_study_too_small_for_its_clusters_trains_without_the_cluster_term(monk
 
     # 40 samples, 36 of them trained on, in 2 batches: 8 clusters would need 48
     sim = simulate(n_samples=40, n_loci=40, n_batches=2, n_groups=2, seed=1)
-    tc = dict(max_epochs=6, batch_size=16, adversary_rampup_epochs=1, refit_steps=0,
+    tc = dict(max_epochs=6, batch_size=16, adversary_rampup_epochs=1, refit_steps=0, refit_factor=1,
               input_clusters=0)  # fmt: skip
     few, found = _clusters_found(sim, {**tc, "batch_mean_clusters": 3}, monkeypatch)
     assert found > 0  # the premise: at 3 clusters (18 needed) the term acts

@@ -88,7 +88,7 @@ def _train(tc: dict, monkeypatch) -> tuple[object, list]:
     gates = spy_gates(monkeypatch)
     sim = simulate(n_samples=240, n_loci=40, n_batches=2, n_groups=4, seed=2)
     small = dict(patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=4)
-    tc = dict(max_epochs=4, batch_size=32, adversary_rampup_epochs=1, refit_steps=0,
+    tc = dict(max_epochs=4, batch_size=32, adversary_rampup_epochs=1, refit_steps=0, refit_factor=1,
               fold_check=False, batch_mean_clusters=2, **tc)  # fmt: skip
     torch.set_num_threads(1)
     labels = [f"b{b}" for b in sim.batch]

@@ -19,7 +19,14 @@ MODEL = dict(
     patch_size=4, d_model=16, n_heads=2, n_layers=1, latent_dim=8,
     decoder_hidden=32, discriminator_hidden=16,
 )  # fmt: skip
-TRAIN = dict(max_epochs=2, batch_size=32, adversary_rampup_epochs=1, refit_steps=0, fold_check=True)
+TRAIN = dict(
+    max_epochs=2,
+    batch_size=32,
+    adversary_rampup_epochs=1,
+    refit_steps=0,
+    refit_factor=1,
+    fold_check=True,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -272,7 +272,7 @@ def test_training_removes_the_batch_within_the_input_clusters() -> None:
     # the groups yet, reads as folded and would be trained again without the clusters.
     train = dict(
         max_epochs=3, batch_size=32, batch_mean_clusters=2, adversary_rampup_epochs=1,
-        fold_check=False, refit_steps=0,
+        fold_check=False, refit_steps=0, refit_factor=1,
     )  # fmt: skip
 
     def run(**overrides):
@@ -306,7 +306,7 @@ def test_input_clusters_leave_the_adversary_target_to_the_protected_levels(monke
     # Without the fold check, which a two-epoch run would fire (as above).
     train = dict(
         max_epochs=2, batch_size=32, input_clusters=2, adversary_rampup_epochs=1,
-        fold_check=False, refit_steps=0,
+        fold_check=False, refit_steps=0, refit_factor=1,
     )  # fmt: skip
     protected = np.asarray(sim.group, dtype=np.int64)
     loop.train_corrector(sim.X, labels, sim.loci, SMALL, train, seed=0, progress=False)
@@ -386,7 +386,7 @@ def test_the_run_cuts_as_many_clusters_as_its_count_says(monkeypatch, count, exp
     sim, labels = _two_groups(160)
     train = dict(
         max_epochs=1, batch_size=32, adversary_rampup_epochs=1, fold_check=False,
-        refit_steps=0, input_clusters=8, input_cluster_count=count,
+        refit_steps=0, refit_factor=1, input_clusters=8, input_cluster_count=count,
     )  # fmt: skip
     loop.train_corrector(sim.X, labels, sim.loci, SMALL, train, seed=0, progress=False)
     assert len(found) == 1 and len(np.unique(found[0])) == expected

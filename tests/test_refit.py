@@ -1,4 +1,5 @@
-"""A short run whose decoder has not learned the data is trained again with more steps."""
+"""A run that stopped before it learned the data is trained again with more steps: a short
+one whose decoder has not learned it, a longer one that lost the input's structure."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from conftest import same_state
 from locusformer.model.config import ModelConfig, TrainConfig
 from locusformer.model.network import LocusFormer
 from locusformer.simulate.datasets import simulate
+from locusformer.train.alignment import input_levels
 from locusformer.train.loop import train_corrector
 from locusformer.train.refit import REFIT_BELOW, decoder_fit, gain, structure_gain
 from locusformer.train.schedule import planned_steps
@@ -21,7 +23,12 @@ MODEL = dict(
     decoder_hidden=32, discriminator_hidden=16,
 )  # fmt: skip
 TRAIN = dict(
-    max_epochs=2, batch_size=32, adversary_rampup_epochs=1, input_clusters=0, refit_steps=0
+    max_epochs=2,
+    batch_size=32,
+    adversary_rampup_epochs=1,
+    input_clusters=0,
+    refit_steps=0,
+    refit_factor=1,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -136,3 +143,50 @@ def test_a_short_run_that_lost_the_input_structure_is_trained_again(
         _, history = _train(data, refit_steps=30)
     assert "training again with at least 30 steps" in caplog.text
     assert len(history) > TRAIN["max_epochs"]
+
+
+@pytest.fixture(scope="module")
+def clustered():
+    sim = simulate(n_samples=160, n_loci=40, n_batches=2, seed=4)
+    # the longer runs' check reads only where the input's clusters were found
+    assert input_levels(sim.X, np.asarray(sim.batch), 8, 0) is not None
+    return sim.X, [f"b{b}" for b in sim.batch], sim.loci
+
+
+def _train_clustered(clustered, **train):
+    return _train(clustered, **dict(dict(input_clusters=8), **train))
+
+
+def test_a_longer_run_that_lost_the_input_structure_is_trained_longer(
+    clustered, caplog, monkeypatch
+) -> None:
+    monkeypatch.setattr("locusformer.train.loop.FOLD_BELOW", np.inf)  # every run reads low
+    # 144 training rows, 5 minibatches a pass: 2 epochs are 10 steps, at least refit_steps
+    with caplog.at_level(logging.INFO, logger="locusformer.train.loop"):
+        longer, history = _train_clustered(clustered, refit_factor=3)
+    assert (
+        "after 10 steps" in caplog.text and "training again with at least 30 steps" in caplog.text
+    )
+    expected, expected_history = _train_clustered(clustered, min_steps=30)
+    assert len(history) == len(expected_history) == 6
+    assert same_state(longer, expected)
+
+
+def test_a_longer_run_that_kept_the_input_structure_is_kept(clustered, monkeypatch) -> None:
+    monkeypatch.setattr("locusformer.train.loop.FOLD_BELOW", -np.inf)
+    kept, history = _train_clustered(clustered, refit_factor=3)
+    assert len(history) == TRAIN["max_epochs"]
+    assert same_state(kept, _train_clustered(clustered)[0])  # TRAIN: refit_factor 1
+
+
+def test_the_longer_runs_check_needs_the_input_clusters_and_a_factor(
+    clustered, monkeypatch
+) -> None:
+    def never(*args, **kwargs):
+        raise AssertionError("the check read a run it does not apply to")
+
+    monkeypatch.setattr("locusformer.train.loop.fold_capture", never)
+    _train_clustered(clustered, refit_factor=3, input_clusters=0)
+    _train_clustered(clustered, refit_factor=1)
+    # a schedule shorter than its ramp-up is a quick look, left as asked
+    _train_clustered(clustered, refit_factor=3, adversary_rampup_epochs=3)

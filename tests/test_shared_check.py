@@ -18,7 +18,7 @@ MODEL = dict(
     decoder_hidden=32, discriminator_hidden=16,
 )  # fmt: skip
 # No input clusters: the latent's clusters alone say which batches share biology.
-TRAIN = dict(max_epochs=3, batch_size=32, adversary_rampup_epochs=1, refit_steps=0,
+TRAIN = dict(max_epochs=3, batch_size=32, adversary_rampup_epochs=1, refit_steps=0, refit_factor=1,
              input_clusters=0, batch_mean_clusters=2)  # fmt: skip
 N, GENES = 160, 40
 

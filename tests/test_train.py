@@ -41,7 +41,12 @@ MODEL = dict(
 # (three epochs have not learned the groups yet, and the fold check would read the run as
 # folded and train it again without the input clusters)
 TRAIN = dict(
-    max_epochs=3, batch_size=16, adversary_rampup_epochs=2, refit_steps=0, fold_check=False
+    max_epochs=3,
+    batch_size=16,
+    adversary_rampup_epochs=2,
+    refit_steps=0,
+    refit_factor=1,
+    fold_check=False,
 )
 
 
@@ -156,6 +161,7 @@ def test_returns_the_best_weights(data) -> None:
         patience=3,
         val_fraction=0.2,
         refit_steps=0,
+        refit_factor=1,
     )
     model, history = run(data, train_config=tc)
     best = int(history["val_recon"].idxmin()) + 1
@@ -180,7 +186,9 @@ def test_without_held_out_samples_the_last_epoch_is_kept(data, tmp_path: Path) -
     the lowest training reconstruction."""
     tc = dict(max_epochs=40, batch_size=16, adversary_rampup_epochs=0, lr=3e-2, patience=3)
     ckpt = tmp_path / "ckpt.pt"
-    model, history = run(data, train_config=dict(tc, refit_steps=0), checkpoint_path=ckpt)
+    model, history = run(
+        data, train_config=dict(tc, refit_steps=0, refit_factor=1), checkpoint_path=ckpt
+    )
     assert history["val_recon"].isna().all()
     best = int(history["train_recon"].idxmin()) + 1
     assert len(history) == best + 3 < 40

@@ -298,6 +298,12 @@ class TrainConfig:
     # CellBench task plans 300 steps or more or kept its run (least readings 0.26 and
     # 0.72), so their results are as before (docs/notes/2026-12-06.md).
     refit_steps: int = 300
+    # A run planned at refit_steps or more, whose input clusters were found and whose
+    # corrected matrix explains less than 0.6 of the quick correction's structure, is
+    # trained again with min_steps set to this many times its planned steps: on shallow
+    # counts a 600-cell run's 400 steps can end before the decoder learned the biology
+    # (docs/notes/2026-12-07.md). 1: never.
+    refit_factor: float = 3.0
     # A run whose corrected matrix explains less than 0.6 of the structure of the input
     # corrected quickly (ComBat, mutual-neighbour re-centring) is trained again without
     # the input clusters (train.fold). Off by default: the folds it was built for came
@@ -366,6 +372,7 @@ class TrainConfig:
             "min_steps": lambda v: v >= 0,
             "min_epoch_steps": lambda v: v >= 0,
             "refit_steps": lambda v: v >= 0,
+            "refit_factor": lambda v: v >= 1,
             "warmup_fraction": lambda v: 0 <= v < 1,
             "grad_clip": lambda v: v >= 0,
             "val_fraction": lambda v: 0 <= v < 1,

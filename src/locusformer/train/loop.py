@@ -259,7 +259,7 @@ def _train_and_retry(
     # Every process holds the same weights, data and history (the latent clusters are
     # found alike everywhere), so all take the same decisions.
     kept = _capture(inputs, trained)
-    again = _refit_config(inputs, trained, kept)
+    again = _refit_config(inputs, trained, kept, found is not None)
     if again is not None:
         inputs, (trained, history) = _again(inputs, again, found, dev, dist)
         kept = _capture(inputs, trained)
@@ -298,24 +298,42 @@ def _capture(inputs: _RunInputs, trained: TrainedModel) -> Callable[[], float | 
 
 
 def _refit_config(
-    inputs: _RunInputs, trained: TrainedModel, kept: Callable[[], float | None]
+    inputs: _RunInputs,
+    trained: TrainedModel,
+    kept: Callable[[], float | None],
+    clustered: bool,
 ) -> TrainConfig | None:
-    """The configuration to train again with when the run was short and did not learn the
-    data (:mod:`locusformer.train.refit`), else None: its decoder reconstructs less than
-    :data:`REFIT_BELOW` of the structure above noise, or its corrected matrix explains
-    less than :data:`FOLD_BELOW` of the quick correction's (``kept``,
-    :func:`locusformer.train.fold.fold_capture`), the two readings of a decoder that
-    returns about each batch's mean.
+    """The configuration to train again with when the run stopped before it learned the
+    data (:mod:`locusformer.train.refit`), else None: a short run by
+    :func:`_short_refit_config`, a longer one whose input clusters were found
+    (``clustered``) by :func:`_early_stop_config`.
 
     A schedule that ends before its own ramp-up (``max_epochs`` below
     ``adversary_rampup_epochs``) is a quick look asked for (a smoke test, a tutorial's two
     epochs), not a study too small for its epochs: it is left as asked."""
     tc = inputs.tc
-    if tc.refit_steps <= tc.min_steps or tc.max_epochs < tc.adversary_rampup_epochs:
+    if tc.max_epochs < tc.adversary_rampup_epochs:
         return None
     n_train = len(stratified_split(inputs.codes, tc.val_fraction, inputs.seed)[0])
     steps = planned_steps(n_train, tc)
-    if steps >= tc.refit_steps:
+    if steps < tc.refit_steps:
+        return _short_refit_config(inputs, trained, kept, steps)
+    if clustered and tc.refit_factor > 1:
+        return _early_stop_config(tc, kept, steps)
+    return None
+
+
+def _short_refit_config(
+    inputs: _RunInputs, trained: TrainedModel, kept: Callable[[], float | None], steps: int
+) -> TrainConfig | None:
+    """``min_steps`` raised to ``refit_steps`` when the run of ``steps`` steps did not
+    learn the data: its decoder reconstructs less than :data:`REFIT_BELOW` of the
+    structure above noise, or its corrected matrix explains less than
+    :data:`FOLD_BELOW` of the quick correction's (``kept``,
+    :func:`locusformer.train.fold.fold_capture`), the two readings of a decoder that
+    returns about each batch's mean. None otherwise."""
+    tc = inputs.tc
+    if tc.refit_steps <= tc.min_steps:
         return None
     fit = decoder_fit(trained.module, inputs.X, inputs.codes, inputs.seed)
     share = kept()
@@ -330,6 +348,30 @@ def _refit_config(
     decision = "kept" if learned else f"training again with at least {tc.refit_steps} steps"
     log.info("refit check: after %d steps %s: %s", steps, readings, decision)
     return None if learned else dataclasses.replace(tc, min_steps=tc.refit_steps)
+
+
+def _early_stop_config(
+    tc: TrainConfig, kept: Callable[[], float | None], steps: int
+) -> TrainConfig | None:
+    """``min_steps`` raised to ``refit_factor`` times the run's ``steps`` when its
+    corrected matrix explains less than :data:`FOLD_BELOW` of the quick correction's
+    structure (``kept``). Read only where the input clusters were found: they say the
+    batches share biology, so the quick correction's structure is that biology (where
+    none is shared it removes the biology with the batch, and the reading is about 0)."""
+    share = kept()
+    if share is None:
+        return None
+    stopped = share < FOLD_BELOW
+    target = math.ceil(tc.refit_factor * steps)
+    log.info(
+        "refit check: after %d steps the corrected matrix explains %.2f of the quick "
+        "correction's structure (threshold %.2f): %s",
+        steps,
+        share,
+        FOLD_BELOW,
+        f"training again with at least {target} steps" if stopped else "kept",
+    )
+    return dataclasses.replace(tc, min_steps=target) if stopped else None
 
 
 def _reading(value: float | None) -> str:

@@ -26,6 +26,18 @@ corrected matrix explains 0.34 of the structure of the input corrected quickly
 (:func:`locusformer.train.fold.fold_capture`), where every CellBench run reads 0.72 or
 more, so the loop trains a short run again on either reading: this one, below the fold
 check's threshold, or the decoder's.
+
+A longer run can stop early too. On shallow counts a 600-cell run's 400 steps can end
+before the decoder learned the biology (the suite's shallow ``middle`` at seeds 0 and 2:
+bio 0.55 and 0.54, where seed 1 reaches 0.91), and its corrected matrix then explains
+less than :data:`~locusformer.train.fold.FOLD_BELOW` of the quick correction's structure
+(0.29-0.57). So a run planned at ``refit_steps`` or more is trained again with
+``refit_factor`` times its planned steps on that reading, where the input clusters were
+found: they say the batches share biology, so the quick correction's structure is the
+biology; where none is shared the quick correction removes it with the batch (the
+suite's ``confounded-total`` reads 0.004, and three times the steps lowers it from 0.679
+to 0.427). Every deep suite run with the clusters and every CellBench run reads 0.62 or
+more (three seeds each; docs/notes/2026-12-07.md).
 """
 
 from __future__ import annotations
