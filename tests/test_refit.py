@@ -190,3 +190,11 @@ def test_the_longer_runs_check_needs_the_input_clusters_and_a_factor(
     _train_clustered(clustered, refit_factor=1)
     # a schedule shorter than its ramp-up is a quick look, left as asked
     _train_clustered(clustered, refit_factor=3, adversary_rampup_epochs=3)
+
+
+def test_a_run_near_the_step_budget_is_not_trained_longer(clustered, monkeypatch) -> None:
+    monkeypatch.setattr("locusformer.train.loop.FOLD_BELOW", np.inf)  # every run reads low
+    # 10 planned steps, three times as many past max_steps = 20: the run is kept
+    kept, history = _train_clustered(clustered, refit_factor=3, max_steps=20)
+    assert len(history) == TRAIN["max_epochs"]
+    assert same_state(kept, _train_clustered(clustered, max_steps=20)[0])

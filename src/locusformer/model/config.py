@@ -298,11 +298,13 @@ class TrainConfig:
     # CellBench task plans 300 steps or more or kept its run (least readings 0.26 and
     # 0.72), so their results are as before (docs/notes/2026-12-06.md).
     refit_steps: int = 300
-    # A run planned at refit_steps or more, whose input clusters were found and whose
-    # corrected matrix explains less than 0.6 of the quick correction's structure, is
-    # trained again with min_steps set to this many times its planned steps: on shallow
-    # counts a 600-cell run's 400 steps can end before the decoder learned the biology
-    # (docs/notes/2026-12-07.md). 1: never.
+    # A run planned at refit_steps or more, and at no more than max_steps over this,
+    # whose input clusters were found and whose corrected matrix explains less than 0.6
+    # of the quick correction's structure, is trained again with min_steps set to this
+    # many times its planned steps: on shallow counts a 600-cell run's 400 steps can end
+    # before the decoder learned the biology. A run near max_steps is not one stopped
+    # early (a 3,000-cell run trained three times as long did not gain), and large data
+    # keep their time (docs/notes/2026-12-07.md). 1: never.
     refit_factor: float = 3.0
     # A run whose corrected matrix explains less than 0.6 of the structure of the input
     # corrected quickly (ComBat, mutual-neighbour re-centring) is trained again without

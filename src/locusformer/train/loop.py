@@ -305,8 +305,9 @@ def _refit_config(
 ) -> TrainConfig | None:
     """The configuration to train again with when the run stopped before it learned the
     data (:mod:`locusformer.train.refit`), else None: a short run by
-    :func:`_short_refit_config`, a longer one whose input clusters were found
-    (``clustered``) by :func:`_early_stop_config`.
+    :func:`_short_refit_config`; a longer one whose input clusters were found
+    (``clustered``) and that ``refit_factor`` times as long stays within ``max_steps`` by
+    :func:`_early_stop_config`.
 
     A schedule that ends before its own ramp-up (``max_epochs`` below
     ``adversary_rampup_epochs``) is a quick look asked for (a smoke test, a tutorial's two
@@ -318,7 +319,8 @@ def _refit_config(
     steps = planned_steps(n_train, tc)
     if steps < tc.refit_steps:
         return _short_refit_config(inputs, trained, kept, steps)
-    if clustered and tc.refit_factor > 1:
+    # A run already near the step budget that large data get is not a run stopped early.
+    if clustered and 1 < tc.refit_factor and tc.refit_factor * steps <= tc.max_steps:
         return _early_stop_config(tc, kept, steps)
     return None
 
