@@ -302,8 +302,8 @@ class TrainConfig:
     # whose input clusters were found and whose corrected matrix explains less than 0.6
     # of the quick correction's structure, is trained again with min_steps set to this
     # many times its planned steps: on shallow counts a 600-cell run's 400 steps can end
-    # before the decoder learned the biology. A run near max_steps is not one stopped
-    # early (a 3,000-cell run trained three times as long did not gain), and large data
+    # before the decoder learned the biology. A run near max_steps is left as it is (two
+    # 3,000-cell runs trained three times as long: -0.011 and +0.035), and large data
     # keep their time (docs/notes/2026-12-07.md). 1: never.
     refit_factor: float = 3.0
     # A run whose corrected matrix explains less than 0.6 of the structure of the input

@@ -33,8 +33,9 @@ bio 0.55 and 0.54, where seed 1 reaches 0.91), and its corrected matrix then exp
 less than :data:`~locusformer.train.fold.FOLD_BELOW` of the quick correction's structure
 (0.29-0.57). So a run planned at ``refit_steps`` or more is trained again with
 ``refit_factor`` times its planned steps on that reading, where that stays within
-``max_steps`` (a 3,000-cell run, near it already, read 0.45 and lost 0.011 trained three
-times as long) and where the input clusters were found: they say the batches share biology, so the quick correction's structure is the
+``max_steps`` (the two 3,000-cell runs that read low, near it already, trained three
+times as long: -0.011 and +0.035, at three times the time) and where the input clusters
+were found: they say the batches share biology, so the quick correction's structure is the
 biology; where none is shared the quick correction removes it with the batch (the
 suite's ``confounded-total`` reads 0.004, and three times the steps lowers it from 0.679
 to 0.427). Every deep suite run with the clusters and every CellBench run reads 0.62 or
