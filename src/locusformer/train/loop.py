@@ -307,7 +307,7 @@ def _refit_config(
     data (:mod:`locusformer.train.refit`), else None: a short run by
     :func:`_short_refit_config`; a longer one whose input clusters were found
     (``clustered``) and that ``refit_factor`` times as long stays within ``max_steps`` by
-    :func:`_early_stop_config`.
+    :func:`_longer_refit_config`.
 
     A schedule that ends before its own ramp-up (``max_epochs`` below
     ``adversary_rampup_epochs``) is a quick look asked for (a smoke test, a tutorial's two
@@ -321,7 +321,7 @@ def _refit_config(
         return _short_refit_config(inputs, trained, kept, steps)
     # A run already near the step budget that large data get is not a run stopped early.
     if clustered and 1 < tc.refit_factor and tc.refit_factor * steps <= tc.max_steps:
-        return _early_stop_config(tc, kept, steps)
+        return _longer_refit_config(tc, kept, steps)
     return None
 
 
@@ -352,7 +352,7 @@ def _short_refit_config(
     return None if learned else dataclasses.replace(tc, min_steps=tc.refit_steps)
 
 
-def _early_stop_config(
+def _longer_refit_config(
     tc: TrainConfig, kept: Callable[[], float | None], steps: int
 ) -> TrainConfig | None:
     """``min_steps`` raised to ``refit_factor`` times the run's ``steps`` when its

@@ -38,8 +38,8 @@ times as long: -0.011 and +0.035, at three times the time) and where the input c
 were found: they say the batches share biology, so the quick correction's structure is the
 biology; where none is shared the quick correction removes it with the batch (the
 suite's ``confounded-total`` reads 0.004, and three times the steps lowers it from 0.679
-to 0.427). Every deep suite run with the clusters and every CellBench run reads 0.62 or
-more (three seeds each; docs/notes/2026-12-07.md).
+to 0.427). Every 600-sample deep suite run with the clusters and every CellBench run
+that the check reads read 0.62 or more (three seeds each; docs/notes/2026-12-07.md).
 """
 
 from __future__ import annotations
