@@ -75,6 +75,18 @@ def counts_dataset(tmp_path: Path, annotation_table: pd.DataFrame) -> dict:
     return {"matrix": matrix, "sheet": sheet, "matrix_path": matrix_path, "sheet_path": sheet_path}
 
 
+@pytest.fixture(scope="module")
+def clustered_data() -> tuple[np.ndarray, list[str], pd.DataFrame]:
+    """A simulated matrix (160 samples, 40 loci, two batches) whose input clusters are found,
+    as the checks that read the quick correction's structure need: X, batch labels, loci."""
+    from locusformer.simulate.datasets import simulate
+    from locusformer.train.alignment import input_levels
+
+    sim = simulate(n_samples=160, n_loci=40, n_batches=2, seed=4)
+    assert input_levels(sim.X, np.asarray(sim.batch), 8, 0) is not None
+    return sim.X, [f"b{b}" for b in sim.batch], sim.loci
+
+
 def synthetic_groups(
     n_per: int = 30,
     groups: int = 3,

@@ -10,8 +10,6 @@ import pytest
 from conftest import same_state
 
 import locusformer.train.loop as loop
-from locusformer.simulate.datasets import simulate
-from locusformer.train.alignment import input_levels
 from locusformer.train.fold import FOLD_BELOW, capture, structured_axes
 from locusformer.train.loop import train_corrector
 
@@ -55,14 +53,6 @@ def test_a_matrix_keeps_its_structure_and_a_fold_onto_one_axis_loses_most_of_it(
     assert capture(folded, quick, seed=0) < FOLD_BELOW
 
 
-@pytest.fixture(scope="module")
-def data():
-    sim = simulate(n_samples=160, n_loci=40, n_batches=2, seed=4)
-    # the check acts only where the input's clusters were found
-    assert input_levels(sim.X, np.asarray(sim.batch), 8, 0) is not None
-    return sim.X, [f"b{b}" for b in sim.batch], sim.loci
-
-
 def _train(data, **train):
     X, labels, loci = data
     return train_corrector(
@@ -70,38 +60,40 @@ def _train(data, **train):
     )
 
 
-def test_a_folded_run_is_the_run_without_the_input_clusters(data, monkeypatch, caplog) -> None:
+def test_a_folded_run_is_the_run_without_the_input_clusters(
+    clustered_data, monkeypatch, caplog
+) -> None:
     monkeypatch.setattr(loop, "FOLD_BELOW", 1.01)  # every run reads as folded
     with caplog.at_level(logging.INFO, logger="locusformer.train.loop"):
-        checked, _ = _train(data)  # TRAIN turns the check on (off by default)
+        checked, _ = _train(clustered_data)  # TRAIN turns the check on (off by default)
     assert "training again without the input clusters" in caplog.text
-    assert same_state(checked, _train(data, input_clusters=0)[0])
-    assert not same_state(checked, _train(data, fold_check=False)[0])
+    assert same_state(checked, _train(clustered_data, input_clusters=0)[0])
+    assert not same_state(checked, _train(clustered_data, fold_check=False)[0])
 
 
-def test_a_kept_run_is_the_run_without_the_check(data, monkeypatch) -> None:
-    unchecked, _ = _train(data, fold_check=False)
+def test_a_kept_run_is_the_run_without_the_check(clustered_data, monkeypatch) -> None:
+    unchecked, _ = _train(clustered_data, fold_check=False)
     monkeypatch.setattr(loop, "FOLD_BELOW", -1.0)  # no run reads as folded
-    assert same_state(_train(data)[0], unchecked)
+    assert same_state(_train(clustered_data)[0], unchecked)
 
 
-def test_the_check_does_not_run_when_off(data, monkeypatch) -> None:
+def test_the_check_does_not_run_when_off(clustered_data, monkeypatch) -> None:
     def never(*args, **kwargs):
         raise AssertionError("the check ran while off")
 
     monkeypatch.setattr(loop, "fold_capture", never)
-    _train(data, fold_check=False)
+    _train(clustered_data, fold_check=False)
 
 
 def test_a_refit_run_that_folded_is_trained_again_without_the_input_clusters(
-    data, monkeypatch, caplog
+    clustered_data, monkeypatch, caplog
 ) -> None:
     monkeypatch.setattr(loop, "REFIT_BELOW", np.inf)  # the short run is trained again
     monkeypatch.setattr(loop, "FOLD_BELOW", 1.01)  # and every run reads as folded
     with caplog.at_level(logging.INFO, logger="locusformer.train.loop"):
-        checked, _ = _train(data, refit_steps=30)
+        checked, _ = _train(clustered_data, refit_steps=30)
     assert "training again with at least 30 steps" in caplog.text
     assert "training again without the input clusters" in caplog.text
     # the third run: the refit's floor, without the clusters
-    expected, _ = _train(data, refit_steps=30, min_steps=30, input_clusters=0)
+    expected, _ = _train(clustered_data, refit_steps=30, min_steps=30, input_clusters=0)
     assert same_state(checked, expected)

@@ -13,7 +13,6 @@ from conftest import same_state
 from locusformer.model.config import ModelConfig, TrainConfig
 from locusformer.model.network import LocusFormer
 from locusformer.simulate.datasets import simulate
-from locusformer.train.alignment import input_levels
 from locusformer.train.loop import train_corrector
 from locusformer.train.refit import REFIT_BELOW, decoder_fit, gain, structure_gain
 from locusformer.train.schedule import planned_steps
@@ -145,56 +144,48 @@ def test_a_short_run_that_lost_the_input_structure_is_trained_again(
     assert len(history) > TRAIN["max_epochs"]
 
 
-@pytest.fixture(scope="module")
-def clustered():
-    sim = simulate(n_samples=160, n_loci=40, n_batches=2, seed=4)
-    # the longer runs' check reads only where the input's clusters were found
-    assert input_levels(sim.X, np.asarray(sim.batch), 8, 0) is not None
-    return sim.X, [f"b{b}" for b in sim.batch], sim.loci
-
-
-def _train_clustered(clustered, **train):
-    return _train(clustered, **dict(dict(input_clusters=8), **train))
+def _train_clustered(clustered_data, **train):
+    return _train(clustered_data, **{"input_clusters": 8, **train})
 
 
 def test_a_longer_run_that_lost_the_input_structure_is_trained_longer(
-    clustered, caplog, monkeypatch
+    clustered_data, caplog, monkeypatch
 ) -> None:
     monkeypatch.setattr("locusformer.train.loop.FOLD_BELOW", np.inf)  # every run reads low
     # 144 training rows, 5 minibatches a pass: 2 epochs are 10 steps, at least refit_steps
     with caplog.at_level(logging.INFO, logger="locusformer.train.loop"):
-        longer, history = _train_clustered(clustered, refit_factor=3)
+        longer, history = _train_clustered(clustered_data, refit_factor=3)
     assert (
         "after 10 steps" in caplog.text and "training again with at least 30 steps" in caplog.text
     )
-    expected, expected_history = _train_clustered(clustered, min_steps=30)
+    expected, expected_history = _train_clustered(clustered_data, min_steps=30)
     assert len(history) == len(expected_history) == 6
     assert same_state(longer, expected)
 
 
-def test_a_longer_run_that_kept_the_input_structure_is_kept(clustered, monkeypatch) -> None:
+def test_a_longer_run_that_kept_the_input_structure_is_kept(clustered_data, monkeypatch) -> None:
     monkeypatch.setattr("locusformer.train.loop.FOLD_BELOW", -np.inf)
-    kept, history = _train_clustered(clustered, refit_factor=3)
+    kept, history = _train_clustered(clustered_data, refit_factor=3)
     assert len(history) == TRAIN["max_epochs"]
-    assert same_state(kept, _train_clustered(clustered)[0])  # TRAIN: refit_factor 1
+    assert same_state(kept, _train_clustered(clustered_data)[0])  # TRAIN: refit_factor 1
 
 
 def test_the_longer_runs_check_needs_the_input_clusters_and_a_factor(
-    clustered, monkeypatch
+    clustered_data, monkeypatch
 ) -> None:
     def never(*args, **kwargs):
         raise AssertionError("the check read a run it does not apply to")
 
     monkeypatch.setattr("locusformer.train.loop.fold_capture", never)
-    _train_clustered(clustered, refit_factor=3, input_clusters=0)
-    _train_clustered(clustered, refit_factor=1)
+    _train_clustered(clustered_data, refit_factor=3, input_clusters=0)
+    _train_clustered(clustered_data, refit_factor=1)
     # a schedule shorter than its ramp-up is a quick look, left as asked
-    _train_clustered(clustered, refit_factor=3, adversary_rampup_epochs=3)
+    _train_clustered(clustered_data, refit_factor=3, adversary_rampup_epochs=3)
 
 
-def test_a_run_near_the_step_budget_is_not_trained_longer(clustered, monkeypatch) -> None:
+def test_a_run_near_the_step_budget_is_not_trained_longer(clustered_data, monkeypatch) -> None:
     monkeypatch.setattr("locusformer.train.loop.FOLD_BELOW", np.inf)  # every run reads low
     # 10 planned steps, three times as many past max_steps = 20: the run is kept
-    kept, history = _train_clustered(clustered, refit_factor=3, max_steps=20)
+    kept, history = _train_clustered(clustered_data, refit_factor=3, max_steps=20)
     assert len(history) == TRAIN["max_epochs"]
-    assert same_state(kept, _train_clustered(clustered, max_steps=20)[0])
+    assert same_state(kept, _train_clustered(clustered_data, max_steps=20)[0])
