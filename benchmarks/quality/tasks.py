@@ -33,6 +33,19 @@ Continuous biology:
   (thinned to one cell's depth): closer to mixing extracted RNA, without the single
   cells' own variation (cell cycle, size) inside a mixture.
 
+CellBench's own mixture experiments (not in ../shared/data: the files
+``RNAmix_celseq2``, ``RNAmix_sortseq`` and ``cellmix1`` to ``cellmix4`` of
+``data/csv/`` in github.com/LuyiTian/sc_mixology, MIT licence, GEO GSE118767, put
+beside the others in ``<shared>/cellbench/``):
+
+- ``rnamix``: RNA extracted from the three lines, mixed in seven proportions and diluted
+  to four amounts, sequenced by CEL-seq2 and by SORT-seq (the batches); the label is the
+  mixture (``mixture_name``);
+- ``cellmix``: wells of nine cells of the three lines in 34 combinations (and three-cell
+  wells of one of each), on four CEL-seq2 plates (the batches); the label is the
+  combination (``cells_3_3_3``, in ``MIXTURE_LINES`` order); wells the authors flagged
+  as poor quality dropped.
+
 Singlets that are not flagged as outliers only; ERCC spike-ins dropped. Every random step
 takes ``seed`` (``write_task`` builds with seed 0: the data of a task do not change with the
 workflow's seeds).
@@ -62,7 +75,18 @@ TASKS = (
     "pseudobulk_confounded",
     "mixture",
     "mixture_pooled",
+    "rnamix",
+    "cellmix",
 )
+#: Tasks built from files that ../shared/data holds (the others need CellBench's mixture
+#: files; module docstring).
+SHARED_TASKS = TASKS[:-2]
+#: Set -> file stem of CellBench's mixture experiments.
+MIXTURE_SETS = {
+    "CEL-seq2": "RNAmix_celseq2",
+    "SORT-seq": "RNAmix_sortseq",
+    **{f"cellmix{i}": f"cellmix{i}" for i in range(1, 5)},
+}
 
 # cellbench5_skewed: the fraction of each set's cells of a line that is kept (0 drops the
 # line from that set; a line not named keeps all its cells). Every line stays in at least
@@ -116,6 +140,33 @@ def load_set(shared: Path, batch: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     sheet = pd.DataFrame(
         {"batch": batch, "cell_line": meta.loc[cells, "cell_line_demuxlet"].to_numpy()},
         index=pd.Index(ids, name="sample_id"),
+    )
+    counts.columns = ids
+    return counts, sheet
+
+
+def load_mixture_set(shared: Path, batch: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Counts (genes x samples) and sheet of one of CellBench's mixture plates, samples
+    prefixed by the batch, labelled by their mixture (RNA) or combination of cells."""
+    stem = MIXTURE_SETS[batch]
+    counts = pd.read_csv(shared / "cellbench" / f"{stem}.count.csv.gz", index_col=0)
+    meta = pd.read_csv(shared / "cellbench" / f"{stem}.metadata.csv.gz", index_col=0)
+    keep = meta["outliers"].astype(str).str.upper() == "FALSE"
+    if "poor_quality" in meta:
+        keep &= meta["poor_quality"].astype(str).str.upper() == "NO"
+    samples = meta.index[keep].intersection(counts.columns)
+    meta = meta.loc[samples]
+    if "mix" in meta:  # RNA mixtures: proportions of each line's RNA
+        props = meta[[f"{line}_prop" for line in MIXTURE_LINES]].to_numpy()
+        labels = [mixture_name(tuple(p)) for p in props]
+    else:  # cell mixtures: cells of each line in the well
+        cells = meta[list(MIXTURE_LINES)].to_numpy()
+        labels = ["cells_" + "_".join(str(int(c)) for c in row) for row in cells]
+    counts = counts[samples]
+    counts = counts[~counts.index.str.startswith("ERCC-")]
+    ids = [f"{batch}_{c}" for c in samples]
+    sheet = pd.DataFrame(
+        {"batch": batch, "cell_line": labels}, index=pd.Index(ids, name="sample_id")
     )
     counts.columns = ids
     return counts, sheet
@@ -317,6 +368,10 @@ def build(task: str, shared: Path, seed: int = 0) -> tuple[pd.DataFrame, pd.Data
     if task == "mixture_pooled":
         counts, sheet = combine([load_set(shared, b) for b in ("CEL-seq2", "Drop-seq")])
         return mixtures(counts, sheet, MIXTURES, MIXTURE_SAMPLES, seed=seed, pool=MIXTURE_POOL)
+    if task == "rnamix":
+        return combine([load_mixture_set(shared, b) for b in ("CEL-seq2", "SORT-seq")])
+    if task == "cellmix":
+        return combine([load_mixture_set(shared, f"cellmix{i}") for i in range(1, 5)])
     raise ValueError(f"unknown task {task!r}; choose from {TASKS}")
 
 
