@@ -60,6 +60,8 @@ TASKS = {
     "pseudobulk_confounded protected": "confounded pseudo-bulk, cell line protected",
     "mixture": "RNA mixtures from single cells",
     "mixture_pooled": "RNA mixtures from pools",
+    "rnamix": "RNA mixtures, CEL-seq2 and SORT-seq (CellBench's own)",
+    "cellmix": "nine-cell mixtures, four plates (CellBench's own)",
     "control": "no batch effect (random split)",
 }
 METHODS = {

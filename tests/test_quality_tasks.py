@@ -246,3 +246,55 @@ def test_mixtures_follow_the_design_at_one_cells_depth(shared, pool):
         assert (mixed[names].sum() <= deepest).all()
     again, _ = tasks.mixtures(counts, sheet, design, samples=4, seed=0, pool=pool)
     pd.testing.assert_frame_equal(mixed, again)
+
+
+def _fake_mixture_plate(rng, stem: str, meta: pd.DataFrame, out: Path) -> None:
+    genes = [*COMMON, "ERCC-00002"]
+    counts = pd.DataFrame(
+        rng.poisson(3.0, size=(len(genes), len(meta))), index=genes, columns=meta.index
+    )
+    _write_csv_r(counts, out / f"{stem}.count.csv.gz")
+    _write_csv_r(meta, out / f"{stem}.metadata.csv.gz")
+
+
+@pytest.fixture(scope="module")
+def mixture_shared(tmp_path_factory) -> Path:
+    """CellBench's mixture experiments as their files hold them: the RNA mixtures' sheet
+    gives each line's proportion (columns in another order than ``MIXTURE_LINES``), the
+    cell mixtures' the cells of each line and the authors' quality flag."""
+    root = tmp_path_factory.mktemp("mixture_shared")
+    (root / "cellbench").mkdir()
+    rng = np.random.default_rng(1)
+    for stem in ("RNAmix_celseq2", "RNAmix_sortseq"):
+        wells = [f"A{i}" for i in range(4)]
+        meta = pd.DataFrame(
+            {"outliers": ["FALSE", "FALSE", "FALSE", "TRUE"], "mix": [1, 2, 3, 3],
+             "H2228_prop": [0.68, 0.0, 0.16, 0.16], "H1975_prop": [0.16, 1.0, 0.16, 0.16],
+             "HCC827_prop": [0.16, 0.0, 0.68, 0.68]},
+            index=wells,
+        )  # fmt: skip
+        _fake_mixture_plate(rng, stem, meta, root / "cellbench")
+    for i in range(1, 5):
+        meta = pd.DataFrame(
+            {"outliers": ["FALSE"] * 3, "H1975": [9, 3, 0], "H2228": [0, 3, 1],
+             "HCC827": [0, 3, 8], "poor_quality": ["NO", "NO", "YES"]},
+            index=[f"B{j}" for j in range(3)],
+        )  # fmt: skip
+        _fake_mixture_plate(rng, f"cellmix{i}", meta, root / "cellbench")
+    return root
+
+
+def test_rna_mixtures_are_labelled_by_their_proportions_in_the_lines_order(mixture_shared):
+    counts, sheet = tasks.build("rnamix", mixture_shared)
+    assert sheet["batch"].value_counts().to_dict() == {"CEL-seq2": 3, "SORT-seq": 3}
+    first = sheet[sheet["batch"] == "CEL-seq2"]["cell_line"].tolist()
+    assert first == ["mix_16_68_16", "mix_100_0_0", "mix_16_16_68"]  # the outlier dropped
+    assert list(counts.columns) == list(sheet.index)
+    assert not counts.index.str.startswith("ERCC-").any()
+
+
+def test_cell_mixtures_are_labelled_by_their_cells_and_poor_wells_dropped(mixture_shared):
+    counts, sheet = tasks.build("cellmix", mixture_shared)
+    assert sorted(sheet["batch"].unique()) == [f"cellmix{i}" for i in range(1, 5)]
+    assert set(sheet["cell_line"]) == {"cells_9_0_0", "cells_3_3_3"}
+    assert len(sheet) == 8 and counts.shape[1] == 8
