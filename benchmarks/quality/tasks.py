@@ -78,9 +78,10 @@ TASKS = (
     "rnamix",
     "cellmix",
 )
-#: Tasks built from files that ../shared/data holds (the others need CellBench's mixture
-#: files; module docstring).
-SHARED_TASKS = TASKS[:-2]
+#: Tasks that need CellBench's mixture files (module docstring), which ../shared/data
+#: does not hold; the others are built from it.
+MIXTURE_TASKS = ("rnamix", "cellmix")
+SHARED_TASKS = tuple(t for t in TASKS if t not in MIXTURE_TASKS)
 #: Set -> file stem of CellBench's mixture experiments.
 MIXTURE_SETS = {
     "CEL-seq2": "RNAmix_celseq2",
