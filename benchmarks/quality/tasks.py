@@ -128,41 +128,22 @@ MIXTURE_SAMPLES = 30
 MIXTURE_POOL = 10
 
 
-def load_set(shared: Path, batch: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Counts (genes x cells) and sheet of one CellBench set, cells prefixed by the batch."""
-    stem = SETS[batch]
+def _read(shared: Path, stem: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Counts (genes x samples) and metadata (samples x fields) of one CellBench file pair."""
     counts = pd.read_csv(shared / "cellbench" / f"{stem}.count.csv.gz", index_col=0)
     meta = pd.read_csv(shared / "cellbench" / f"{stem}.metadata.csv.gz", index_col=0)
-    keep = (meta["demuxlet_cls"] == "SNG") & (meta["outliers"].astype(str).str.upper() == "FALSE")
-    cells = meta.index[keep].intersection(counts.columns)
-    counts = counts[cells]
-    counts = counts[~counts.index.str.startswith("ERCC-")]
-    ids = [f"{batch}_{c}" for c in cells]
-    sheet = pd.DataFrame(
-        {"batch": batch, "cell_line": meta.loc[cells, "cell_line_demuxlet"].to_numpy()},
-        index=pd.Index(ids, name="sample_id"),
-    )
-    counts.columns = ids
-    return counts, sheet
+    return counts, meta
 
 
-def load_mixture_set(shared: Path, batch: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Counts (genes x samples) and sheet of one of CellBench's mixture plates, samples
-    prefixed by the batch, labelled by their mixture (RNA) or combination of cells."""
-    stem = MIXTURE_SETS[batch]
-    counts = pd.read_csv(shared / "cellbench" / f"{stem}.count.csv.gz", index_col=0)
-    meta = pd.read_csv(shared / "cellbench" / f"{stem}.metadata.csv.gz", index_col=0)
-    keep = meta["outliers"].astype(str).str.upper() == "FALSE"
-    if "poor_quality" in meta:
-        keep &= meta["poor_quality"].astype(str).str.upper() == "NO"
-    samples = meta.index[keep].intersection(counts.columns)
-    meta = meta.loc[samples]
-    if "mix" in meta:  # RNA mixtures: proportions of each line's RNA
-        props = meta[[f"{line}_prop" for line in MIXTURE_LINES]].to_numpy()
-        labels = [mixture_name(tuple(p)) for p in props]
-    else:  # cell mixtures: cells of each line in the well
-        cells = meta[list(MIXTURE_LINES)].to_numpy()
-        labels = ["cells_" + "_".join(str(int(c)) for c in row) for row in cells]
+def _kept(meta: pd.DataFrame, flag: str, value: str) -> pd.Series:
+    """Whether each sample's ``flag`` reads ``value`` (the files write TRUE, True, YES...)."""
+    return meta[flag].astype(str).str.upper() == value
+
+
+def _as_batch(
+    counts: pd.DataFrame, batch: str, samples: pd.Index, labels: list | np.ndarray
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``samples``' counts without ERCC spike-ins and their sheet, prefixed by the batch."""
     counts = counts[samples]
     counts = counts[~counts.index.str.startswith("ERCC-")]
     ids = [f"{batch}_{c}" for c in samples]
@@ -171,6 +152,32 @@ def load_mixture_set(shared: Path, batch: str) -> tuple[pd.DataFrame, pd.DataFra
     )
     counts.columns = ids
     return counts, sheet
+
+
+def load_set(shared: Path, batch: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Counts (genes x cells) and sheet of one CellBench set, cells prefixed by the batch."""
+    counts, meta = _read(shared, SETS[batch])
+    keep = (meta["demuxlet_cls"] == "SNG") & _kept(meta, "outliers", "FALSE")
+    cells = meta.index[keep].intersection(counts.columns)
+    return _as_batch(counts, batch, cells, meta.loc[cells, "cell_line_demuxlet"].to_numpy())
+
+
+def load_mixture_set(shared: Path, batch: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Counts (genes x samples) and sheet of one of CellBench's mixture plates, samples
+    prefixed by the batch, labelled by their mixture (RNA) or combination of cells."""
+    counts, meta = _read(shared, MIXTURE_SETS[batch])
+    keep = _kept(meta, "outliers", "FALSE")
+    if "poor_quality" in meta:
+        keep &= _kept(meta, "poor_quality", "NO")
+    samples = meta.index[keep].intersection(counts.columns)
+    meta = meta.loc[samples]
+    if "mix" in meta:  # RNA mixtures: proportions of each line's RNA
+        props = meta[[f"{line}_prop" for line in MIXTURE_LINES]].to_numpy()
+        labels = [mixture_name(tuple(p)) for p in props]
+    else:  # cell mixtures: cells of each line in the well
+        cells = meta[list(MIXTURE_LINES)].to_numpy()
+        labels = ["cells_" + "_".join(str(int(c)) for c in row) for row in cells]
+    return _as_batch(counts, batch, samples, labels)
 
 
 def combine(
