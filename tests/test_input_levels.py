@@ -375,13 +375,13 @@ def test_the_run_cuts_as_many_clusters_as_its_count_says(monkeypatch, count, exp
     from locusformer.train import loop
 
     found = []
-    real = loop.input_levels
+    real = loop.input_clusters
 
     def record(*args, **kwargs):
         found.append(real(*args, **kwargs))
         return found[-1]
 
-    monkeypatch.setattr(loop, "input_levels", record)
+    monkeypatch.setattr(loop, "input_clusters", record)
     torch.set_num_threads(1)
     sim, labels = _two_groups(160)
     train = dict(
@@ -389,7 +389,7 @@ def test_the_run_cuts_as_many_clusters_as_its_count_says(monkeypatch, count, exp
         refit_steps=0, refit_factor=1, input_clusters=8, input_cluster_count=count,
     )  # fmt: skip
     loop.train_corrector(sim.X, labels, sim.loci, SMALL, train, seed=0, progress=False)
-    assert len(found) == 1 and len(np.unique(found[0])) == expected
+    assert len(found) == 1 and len(np.unique(found[0].levels)) == expected
 
 
 def test_agreement_is_read_on_the_finest_cut_whatever_the_count(monkeypatch) -> None:

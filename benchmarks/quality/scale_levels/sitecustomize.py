@@ -61,7 +61,8 @@ if os.environ.get("LF_FILL") == "predict":
         codes = np.asarray(codes)
         n = len(codes)
         if n <= max_samples:
-            return alignment.input_levels(X, codes, n_clusters, seed, **kwargs)
+            return alignment.input_clusters(X, codes, n_clusters, seed, **kwargs)
+        kwargs.pop("softness", None)  # hard levels only
         rows = alignment._input_rows(codes, max_samples, seed)
         quick = alignment.quick_scores(np.asarray(X, dtype=np.float32), codes, seed)
         if quick is None:
@@ -69,9 +70,9 @@ if os.environ.get("LF_FILL") == "predict":
         if kwargs.get("from_structure"):
             n_clusters = alignment.cluster_count(quick.matrix[rows], n_clusters, seed)
         kmeans = KMeans(n_clusters, n_init=10, random_state=seed).fit(quick.scores[rows])
-        return kmeans.predict(quick.scores).astype(np.int64)
+        return alignment.InputClusters(kmeans.predict(quick.scores).astype(np.int64), None)
 
-    loop.input_levels = _predicted_levels
+    loop.input_clusters = _predicted_levels
 
 
 if os.environ.get("LF_QUICK") == "harmony":

@@ -253,6 +253,14 @@ class TrainConfig:
     # 4 lower (the graded mixtures, at most -0.016), three seeds; every CellBench task
     # but the confounded pseudo-bulk still cuts 8 (docs/notes/2026-12-07.md).
     input_cluster_count: InputClusterCount = "structure"
+    # How soft each sample's membership of the input clusters is in the level term: a
+    # softmax over the clusters of minus its squared distance to each centroid in the
+    # quick correction's scores, over this times the mean squared distance to the own
+    # centroid (train.alignment.level_responsibilities). 0: hard, each sample in its
+    # cluster alone. Where noise decides which cluster a sample of a continuum falls in,
+    # hard clusters align differently selected samples of each batch (CellBench's
+    # nine-cell plates; docs/notes/2026-12-07.md).
+    input_cluster_softness: float = 0.0
     mmd_weight: float = 0.0
     # Which batches each sample is aligned with (locusformer.train.alignment). "shared": only
     # those holding its biology, found label-free as mutual nearest neighbours, so a cell
@@ -363,6 +371,7 @@ class TrainConfig:
             "shared_extension": lambda v: v >= 0,
             "level_mean_weight": lambda v: v >= 0,
             "input_clusters": lambda v: v >= 0,
+            "input_cluster_softness": lambda v: v >= 0,
             "mmd_weight": lambda v: v >= 0,
             "alignment_neighbors": lambda v: v >= 1,
             "cycle_weight": lambda v: v >= 0,

@@ -254,6 +254,32 @@ def level_batch_share(z: Tensor, batch: Tensor, levels: Tensor, n_batches: int) 
     return between / total.clamp_min(1e-8)
 
 
+def soft_level_batch_share(z: Tensor, batch: Tensor, weights: Tensor, n_batches: int) -> Tensor:
+    """:func:`level_batch_share` on soft levels: ``weights`` (B, L), each sample's share in
+    each level (rows summing to 1).
+
+    sum_(l,b) m_lb ||mu_lb - mu_l||^2 / sum_i ||z_i - mu||^2, with m_lb the mass of batch b
+    in level l, mu_lb and mu_l the means weighed by it, over the levels where two or more
+    batches hold a mass of half a sample: one-hot weights give :func:`level_batch_share`.
+    A sample near the border of two clusters counts in both, so noise that decides which
+    side a sample of a continuum falls on no longer decides which cluster's plates it is
+    aligned with (CellBench's nine-cell plates, docs/notes/2026-12-07.md).
+    """
+    z, weights = z.float(), weights.float()
+    n_levels = weights.shape[1]
+    onehot = F.one_hot(batch, n_batches).float()  # (B, N)
+    cell = (weights[:, :, None] * onehot[:, None, :]).flatten(1)  # (B, L*N)
+    mass = cell.sum(dim=0)  # (L*N,)
+    means_c = (cell.T @ z) / mass.clamp_min(1e-6)[:, None]  # (L*N, Z)
+    means_l = (weights.T @ z) / weights.sum(dim=0).clamp_min(1e-6)[:, None]  # (L, Z)
+    mass = mass.reshape(n_levels, n_batches)  # (L, N)
+    held = ((mass >= 0.5).sum(dim=1) >= 2).float()  # (L,)
+    d2 = (means_c.reshape(n_levels, n_batches, -1) - means_l[:, None]).pow(2).sum(-1)  # (L, N)
+    between = (held[:, None] * mass * d2).sum()
+    total = (z - z.mean(dim=0)).pow(2).sum()
+    return between / total.clamp_min(1e-8)
+
+
 class LevelMeans(NamedTuple):
     """What :func:`level_means` returns."""
 

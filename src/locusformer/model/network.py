@@ -48,6 +48,7 @@ from locusformer.model.losses import (
     frozen_call,
     grad_reverse,
     level_batch_share,
+    soft_level_batch_share,
 )
 
 if TYPE_CHECKING:  # the core takes any object with these fields; parsing lives elsewhere
@@ -515,6 +516,7 @@ class LocusFormer(nn.Module):
         stats: tuple[Tensor, Tensor, Tensor | None, Tensor | None] | None = None,
         clusters: Clusters | None = None,
         levels: Tensor | None = None,
+        level_weights: Tensor | None = None,
     ) -> Loss:
         """The training objective of :meth:`forward`'s ``out`` on standardized ``x`` (B, L).
 
@@ -532,7 +534,8 @@ class LocusFormer(nn.Module):
         the batch means into the latent's clusters (:func:`cluster_batch_mean_distance`),
         each sample weighed there by its :func:`cluster_cover` when ``clusters.cover``.
         ``levels`` (B,), each sample's protected level, adds :func:`level_batch_share` at
-        ``weights.level_mean``.
+        ``weights.level_mean``; with ``level_weights`` (B, L) (M with ``stats``), each
+        sample's share in soft levels, :func:`soft_level_batch_share` on those instead.
         """
         recon = F.mse_loss(out.recon.float(), x)
         adversary = F.cross_entropy(out.batch_logits.float(), batch)
@@ -571,7 +574,11 @@ class LocusFormer(nn.Module):
         level_mean = torch.zeros((), device=out.latent.device)
         if levels is not None:
             # Protected levels: the batch's share of the latent's variance within each.
-            level_mean = level_batch_share(z, b, levels, self.n_batches)
+            level_mean = (
+                level_batch_share(z, b, levels, self.n_batches)
+                if level_weights is None
+                else soft_level_batch_share(z, b, level_weights, self.n_batches)
+            )
         total = per_sample + weights.ramp * (weights.batch_mean * batch_mean + weights.mmd * mmd)
         if levels is not None and weights.level_mean:
             total = total + weights.level_mean * level_mean

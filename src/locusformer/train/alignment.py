@@ -322,6 +322,13 @@ def _gates(weight: np.ndarray, onehot: np.ndarray) -> np.ndarray:
     return (observed >= CLUSTER_MIN_SHARE * expected) & (observed >= 2.0)
 
 
+class InputClusters(NamedTuple):
+    """What :func:`input_clusters` finds."""
+
+    levels: np.ndarray  # (n,) int64: each sample's cluster
+    weights: np.ndarray | None  # (n, K) float32: its soft membership of each; None: hard
+
+
 def input_levels(
     X: Any,
     codes: np.ndarray,
@@ -331,7 +338,26 @@ def input_levels(
     max_samples: int = INPUT_MAX_SAMPLES,
     from_structure: bool = False,
 ) -> np.ndarray | None:
-    """(n,) label-free level of each sample: its cluster in the input, corrected quickly.
+    """(n,) the levels of :func:`input_clusters`, hard; None where it finds none."""
+    found = input_clusters(
+        X, codes, n_clusters, seed, max_samples=max_samples, from_structure=from_structure
+    )
+    return None if found is None else found.levels
+
+
+def input_clusters(
+    X: Any,
+    codes: np.ndarray,
+    n_clusters: int,
+    seed: int,
+    *,
+    max_samples: int = INPUT_MAX_SAMPLES,
+    from_structure: bool = False,
+    softness: float = 0.0,
+) -> InputClusters | None:
+    """(n,) label-free level of each sample: its cluster in the input, corrected quickly;
+    with ``softness`` above 0 also each sample's soft membership of every cluster
+    (:func:`level_responsibilities`).
 
     ComBat without labels (:func:`locusformer.pp.combat.combat`, each batch's location and
     scale per locus removed) on at most ``max_samples`` rows (seeded), each batch then
@@ -382,12 +408,35 @@ def input_levels(
         return None
     k = cluster_count(quick.matrix, n_clusters, seed) if from_structure else n_clusters
     found = finest if k >= n_clusters else _cut(quick.scores, k, seed)
+    weights = None
+    if softness > 0:
+        weights = level_responsibilities(quick.scores, found, softness)
     if len(rows) == n:
-        return found
+        return InputClusters(found, weights)
     levels = np.empty(n, dtype=np.int64)
     levels[rows] = found
-    _fill_from_sampled(levels, _pca(X, rows, MNN_PCS, seed), codes, rows)
-    return levels
+    scores = _pca(X, rows, MNN_PCS, seed)
+    _fill_from_sampled(levels, scores, codes, rows)
+    if weights is not None:
+        sampled, weights = weights, np.empty((n, weights.shape[1]), dtype=np.float32)
+        weights[rows] = sampled
+        _fill_from_sampled(weights, scores, codes, rows)
+    return InputClusters(levels, weights)
+
+
+def level_responsibilities(scores: np.ndarray, levels: np.ndarray, softness: float) -> np.ndarray:
+    """(n, K) float32 soft membership of each row of ``scores`` in the clusters ``levels``
+    (K of them): a softmax over the clusters of minus the squared distance to each
+    centroid, over ``softness`` times the mean squared distance to the own centroid, so
+    that the softness is the same whatever the scores' scale. Rows deep in their cluster
+    keep it alone; rows between two clusters share themselves between them."""
+    k = int(levels.max()) + 1
+    centroids = np.stack([scores[levels == c].mean(axis=0) for c in range(k)])  # (K, d)
+    d2 = ((scores[:, None, :] - centroids[None]) ** 2).sum(-1)  # (n, K)
+    scale = softness * max(float(d2[np.arange(len(levels)), levels].mean()), 1e-12)
+    logits = -(d2 - d2.min(axis=1, keepdims=True)) / scale
+    weights = np.exp(logits)
+    return (weights / weights.sum(axis=1, keepdims=True)).astype(np.float32)
 
 
 def _cut(scores: np.ndarray, k: int, seed: int) -> np.ndarray:

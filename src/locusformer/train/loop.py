@@ -41,9 +41,10 @@ from locusformer.train.alignment import (
     CLUSTER_MAX_SAMPLES,
     CLUSTER_SIGMA,
     NEVER_COMPARED,
+    InputClusters,
     adversary_targets,
     enough_for_clusters,
-    input_levels,
+    input_clusters,
     joint_levels,
     latent_clusters,
     never_compared,
@@ -143,6 +144,9 @@ class _Run:
     # None: batch_prior for every sample.
     targets: torch.Tensor | None = None
     levels: torch.Tensor | None = None  # (n,) on the host: protected levels, or None
+    # (n, L) on the host: each sample's soft share of each level (input_cluster_softness),
+    # or None: levels hard.
+    level_weights: torch.Tensor | None = None
 
 
 def train_corrector(
@@ -424,7 +428,7 @@ def _unshared_config(inputs: _RunInputs, history: pd.DataFrame) -> TrainConfig |
 
 
 def _train(
-    inputs: _RunInputs, found: np.ndarray | None, dev: torch.device, dist: Dist | None
+    inputs: _RunInputs, found: InputClusters | None, dev: torch.device, dist: Dist | None
 ) -> tuple[TrainedModel, pd.DataFrame]:
     """Train on checked ``inputs`` on ``dev`` (one process of several when ``dist`` is set);
     :func:`train_corrector`'s result."""
@@ -466,7 +470,10 @@ def _train(
             # A log file (the workflow's case) gets a line every 30 s, not every epoch.
             mininterval=0.1 if sys.stderr.isatty() else 30.0,
         )
-        levels = inputs.covariates if found is None else joint_levels(inputs.covariates, found)
+        levels = (
+            inputs.covariates if found is None else joint_levels(inputs.covariates, found.levels)
+        )
+        level_weights = None if found is None else joint_weights(inputs.covariates, found.weights)
         # The adversary's target follows the protected levels alone: the input's clusters
         # are a guess, and a target kept to the batches of a cluster that the quick
         # correction left split by batch would hold that split (CellBench's five sets:
@@ -499,6 +506,7 @@ def _train(
             batch_prior=batch_prior(codes[train_idx], n_batches, dev),
             targets=None if targets is None else torch.from_numpy(targets),
             levels=None if levels is None else torch.from_numpy(levels),
+            level_weights=None if level_weights is None else torch.from_numpy(level_weights),
         )
         with bar:
             _train_epochs(
@@ -517,7 +525,24 @@ def _train(
     return trained, history
 
 
-def _input_clusters(inputs: _RunInputs) -> np.ndarray | None:
+def joint_weights(covariates: np.ndarray | None, weights: np.ndarray | None) -> np.ndarray | None:
+    """(n, C * K) each sample's soft share of every (protected level, input cluster),
+    ``covariates`` (n,) of C levels crossed with ``weights`` (n, K); None where the input
+    clusters are hard (``weights`` None)."""
+    if weights is None or covariates is None:
+        return weights
+    onehot = np.eye(int(covariates.max()) + 1, dtype=np.float32)[covariates]  # (n, C)
+    return (onehot[:, :, None] * weights[:, None, :]).reshape(len(weights), -1)
+
+
+def _rows(
+    values: torch.Tensor | None, rows: torch.Tensor, dev: torch.device
+) -> torch.Tensor | None:
+    """``values``' ``rows`` on ``dev``, or None."""
+    return None if values is None else values.index_select(0, rows).to(dev)
+
+
+def _input_clusters(inputs: _RunInputs) -> InputClusters | None:
     """(n,) the input's own clusters (``input_clusters``); the level term removes the
     batch within them crossed with the protected covariates. None when off, with one
     batch, or where the quick correction holds no structure to cluster. Found once per
@@ -525,9 +550,13 @@ def _input_clusters(inputs: _RunInputs) -> np.ndarray | None:
     tc = inputs.tc
     if not tc.input_clusters or len(inputs.batch_names) < 2:
         return None
-    from_structure = tc.input_cluster_count == "structure"
-    return input_levels(
-        inputs.X, inputs.codes, tc.input_clusters, inputs.seed, from_structure=from_structure
+    return input_clusters(
+        inputs.X,
+        inputs.codes,
+        tc.input_clusters,
+        inputs.seed,
+        from_structure=tc.input_cluster_count == "structure",
+        softness=tc.input_cluster_softness,
     )
 
 
@@ -759,7 +788,16 @@ def _run_epoch(
             )
         prior = run.batch_prior if tb is None else tb
         levels = None if run.levels is None else run.levels.index_select(0, rows).to(dev)
-        loss = model.loss(xb, bb, out, weights, prior, clusters=clusters, levels=levels)
+        loss = model.loss(
+            xb,
+            bb,
+            out,
+            weights,
+            prior,
+            clusters=clusters,
+            levels=levels,
+            level_weights=_rows(run.level_weights, rows, dev),
+        )
         _step(run, loss.total)
         per_step.append(torch.stack(list(loss)).detach())
         correct += (out.batch_logits.argmax(-1) == bb).sum()
@@ -883,7 +921,17 @@ def _run_epoch_distributed(
             t_all = run.targets.index_select(0, chunk).to(dev, non_blocking=cuda)
         levels = None if run.levels is None else run.levels.index_select(0, chunk).to(dev)
         stats = (z_all, b_all, t_all, levels)
-        loss = model.loss(xb, bb, out, weights, prior, share=share, stats=stats, clusters=clusters)
+        loss = model.loss(
+            xb,
+            bb,
+            out,
+            weights,
+            prior,
+            share=share,
+            stats=stats,
+            clusters=clusters,
+            level_weights=_rows(run.level_weights, chunk, dev),
+        )
         _step(run, loss.total)
         # This process's parts of the global means; summed over the processes below.
         w = share / dist.world
