@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from locusformer.model.losses import level_batch_share, soft_level_batch_share
-from locusformer.train.alignment import input_clusters, level_responsibilities
-from locusformer.train.loop import joint_weights
+from locusformer.train.alignment import input_clusters, joint_weights, level_responsibilities
 
 
 def _minibatch(seed: int = 0):

@@ -699,6 +699,16 @@ def joint_levels(*levels: np.ndarray | None) -> np.ndarray | None:
     return pd.factorize(combined, sort=True)[0].astype(np.int64)
 
 
+def joint_weights(covariates: np.ndarray | None, weights: np.ndarray | None) -> np.ndarray | None:
+    """(n, C * K) each sample's soft share of every (protected level, input cluster),
+    ``covariates`` (n,) of C levels crossed with ``weights`` (n, K); None where the input
+    clusters are hard (``weights`` None)."""
+    if weights is None or covariates is None:
+        return weights
+    onehot = np.eye(int(covariates.max()) + 1, dtype=np.float32)[covariates]  # (n, C)
+    return (onehot[:, :, None] * weights[:, None, :]).reshape(len(weights), -1)
+
+
 def covariate_levels(
     samples: pd.DataFrame, columns: Sequence[str], source: str = "sample sheet"
 ) -> np.ndarray:

@@ -46,6 +46,7 @@ from locusformer.train.alignment import (
     enough_for_clusters,
     input_clusters,
     joint_levels,
+    joint_weights,
     latent_clusters,
     never_compared,
 )
@@ -525,16 +526,6 @@ def _train(
     return trained, history
 
 
-def joint_weights(covariates: np.ndarray | None, weights: np.ndarray | None) -> np.ndarray | None:
-    """(n, C * K) each sample's soft share of every (protected level, input cluster),
-    ``covariates`` (n,) of C levels crossed with ``weights`` (n, K); None where the input
-    clusters are hard (``weights`` None)."""
-    if weights is None or covariates is None:
-        return weights
-    onehot = np.eye(int(covariates.max()) + 1, dtype=np.float32)[covariates]  # (n, C)
-    return (onehot[:, :, None] * weights[:, None, :]).reshape(len(weights), -1)
-
-
 def _rows(
     values: torch.Tensor | None, rows: torch.Tensor, dev: torch.device
 ) -> torch.Tensor | None:
@@ -543,10 +534,11 @@ def _rows(
 
 
 def _input_clusters(inputs: _RunInputs) -> InputClusters | None:
-    """(n,) the input's own clusters (``input_clusters``); the level term removes the
-    batch within them crossed with the protected covariates. None when off, with one
-    batch, or where the quick correction holds no structure to cluster. Found once per
-    call: a second run that keeps them (``refit_steps``) trains within the same ones."""
+    """The input's own clusters (``input_clusters``), soft as ``input_cluster_softness``
+    says; the level term removes the batch within them crossed with the protected
+    covariates. None when off, with one batch, or where the quick correction holds no
+    structure to cluster. Found once per call: a second run that keeps them
+    (``refit_steps``) trains within the same ones."""
     tc = inputs.tc
     if not tc.input_clusters or len(inputs.batch_names) < 2:
         return None
