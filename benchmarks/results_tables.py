@@ -166,10 +166,16 @@ SIMULATED_METHODS = {
 }
 
 
-def simulated_rows(work: Path) -> pd.DataFrame:
-    """``benchmarks/simulated/suite.py``'s rows, the last of each (scenario, method, seed)."""
+def simulated_rows(work: Path, locusformer: str | None = None) -> pd.DataFrame:
+    """``benchmarks/simulated/suite.py``'s rows, the last of each (scenario, method, seed);
+    with ``locusformer`` (the JSON of ``--training``), LocusFormer's are those trained with
+    it (a default measured under its overrides before it became the default)."""
     rows = pd.read_csv(work / "results.tsv", sep="\t", header=None, names=SIMULATED_COLUMNS)
-    return rows.drop_duplicates(["scenario", "method", "seed"], keep="last")
+    rows = rows.drop_duplicates(["scenario", "method", "seed"], keep="last")
+    if locusformer is not None:
+        rows = rows[rows["method"] != "locusformer"].copy()
+        rows.loc[rows["method"] == f"locusformer {locusformer}", "method"] = "locusformer"
+    return rows
 
 
 def _method_name(method: str) -> str:
@@ -230,10 +236,19 @@ def simulated_table(rows: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def simulated_provenance(work: Path, rows: pd.DataFrame) -> str:
+def _simulated_shown(run: dict, locusformer: str | None) -> bool:
+    """Whether a recorded run wrote rows the table shows: with ``locusformer`` set, not
+    LocusFormer's runs at the defaults it replaces."""
+    if locusformer is None or run["methods"] != ["locusformer"]:
+        return True
+    return bool(run.get("training"))
+
+
+def simulated_provenance(work: Path, rows: pd.DataFrame, locusformer: str | None = None) -> str:
     """When, where and how the suite's rows were measured, and whether the data sets were
     shrunk or LocusFormer trained with anything but its defaults."""
     runs = [json.loads(line) for line in (work / "runs.jsonl").read_text().splitlines()]
+    runs = [r for r in runs if _simulated_shown(r, locusformer)]
     dates = sorted({r["date"] for r in runs})
     commits = sorted({r["commit"] + (" (uncommitted changes)" if r["dirty"] else "") for r in runs})
     machines = sorted({r["machine"] for r in runs})
@@ -263,12 +278,15 @@ def simulated_provenance(work: Path, rows: pd.DataFrame) -> str:
         )
     trainings = sorted({json.dumps(r["training"]) for r in runs if r.get("training")})
     for training in trainings:
-        text += f" **LocusFormer trained with {training}**, not its defaults."
+        if training == locusformer:
+            text += f" LocusFormer: its runs trained with {training}, its defaults."
+        else:
+            text += f" **LocusFormer trained with {training}**, not its defaults."
     return text
 
 
-def simulated_text(work: Path, rows: pd.DataFrame) -> str:
-    return simulated_provenance(work, rows) + "\n\n" + simulated_table(rows)
+def simulated_text(work: Path, rows: pd.DataFrame, locusformer: str | None = None) -> str:
+    return simulated_provenance(work, rows, locusformer) + "\n\n" + simulated_table(rows)
 
 
 def demo_provenance(results: Path) -> str:
@@ -364,6 +382,11 @@ def main() -> None:
         help="the table to write: the suite, its scenarios on a shallow library, or its "
         "small studies",
     )  # fmt: skip
+    p.add_argument(
+        "--locusformer", default=None,
+        help="the --training JSON whose LocusFormer rows are its defaults' (the rows "
+        "without overrides then unshown)",
+    )  # fmt: skip
     p = commands.add_parser("scale")
     p.add_argument(
         "--work",
@@ -378,7 +401,8 @@ def main() -> None:
         rows = quality_rows(args.work, args.locusformer)
         body = provenance(args.work, rows, args.locusformer) + "\n\n" + quality_table(rows)
     elif args.table == "simulated":
-        body = simulated_text(args.work, simulated_rows(args.work))
+        rows = simulated_rows(args.work, args.locusformer)
+        body = simulated_text(args.work, rows, args.locusformer)
     elif args.table == "scale":
         body = scale_body(args.work)
     else:

@@ -65,3 +65,31 @@ def test_the_shallow_rows_go_to_their_own_block_and_leave_the_suites_alone(tmp_p
     monkeypatch.setattr(sys, "argv", [*argv, "--block", "nonsense"])
     with pytest.raises(SystemExit):
         results_tables.main()
+
+
+def test_a_default_measured_under_its_overrides_is_read_as_locusformer(tmp_path):
+    """``--locusformer JSON``: the rows trained with those overrides are LocusFormer's, the
+    rows without them and their runs go unshown, and the text says which runs they are."""
+    training = '{"input_cluster_softness": 0.1}'
+    rows = [
+        "middle\tcombat\t0\t0.8\t0.7\t0.74\t0.2",
+        "middle\tlocusformer\t0\t0.9\t0.8\t0.84\t75.0",
+        f"middle\tlocusformer {training}\t0\t0.9\t0.9\t0.90\t70.0",
+    ]
+    (tmp_path / "results.tsv").write_text("\n".join(rows) + "\n")
+    run = {"date": "2026-12-06", "dirty": False, "machine": "a CPU", "threads": 1}
+    runs = [
+        {**run, "commit": "base000", "methods": ["combat"], "training": None},
+        {**run, "commit": "hard000", "methods": ["locusformer"], "training": None},
+        {**run, "commit": "soft000", "methods": ["locusformer"], "training": json.loads(training)},
+    ]
+    (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    plain = results_tables.simulated_rows(tmp_path)
+    assert set(plain["method"]) == {"combat", "locusformer", f"locusformer {training}"}
+    read = results_tables.simulated_rows(tmp_path, training)
+    assert set(read["method"]) == {"combat", "locusformer"}
+    assert read.loc[read["method"] == "locusformer", "total"].tolist() == [0.90]
+    text = results_tables.simulated_text(tmp_path, read, training)
+    assert "soft000" in text and "base000" in text and "hard000" not in text
+    assert f"its runs trained with {training}, its defaults" in text
+    assert "| middle | **0.900 (1 seed)** | 0.740 (1 seed) |" in text
