@@ -258,8 +258,11 @@ class TrainConfig:
     # quick correction's scores, over this times the mean squared distance to the own
     # centroid (train.alignment.level_responsibilities). 0: hard, each sample in its
     # cluster alone. Where noise decides which cluster a sample of a continuum falls in,
-    # hard clusters align differently selected samples of each batch (CellBench's
-    # nine-cell plates; docs/notes/2026-12-07.md).
+    # hard clusters align differently selected samples of each batch. 0 rather than
+    # 0.1: at 0.1 the nine-cell plates 0.564 against 0.548 and the skewed five sets 0.831
+    # against 0.816, the rest of CellBench and the simulated suite's mean as hard, but
+    # mixtures-confounded 0.013 lower and the suite's shallow library lower by up to
+    # 0.019 (three seeds; docs/notes/2026-12-07.md).
     input_cluster_softness: float = 0.0
     mmd_weight: float = 0.0
     # Which batches each sample is aligned with (locusformer.train.alignment). "shared": only
