@@ -779,7 +779,6 @@ def _run_epoch(
                 cycle_batch=_other_batches(bb, model.n_batches, weights, run.generator),
             )
         prior = run.batch_prior if tb is None else tb
-        levels = None if run.levels is None else run.levels.index_select(0, rows).to(dev)
         loss = model.loss(
             xb,
             bb,
@@ -787,7 +786,7 @@ def _run_epoch(
             weights,
             prior,
             clusters=clusters,
-            levels=levels,
+            levels=_rows(run.levels, rows, dev),
             level_weights=_rows(run.level_weights, rows, dev),
         )
         _step(run, loss.total)
@@ -911,8 +910,7 @@ def _run_epoch_distributed(
         if run.targets is not None:
             prior = run.targets.index_select(0, rows).to(dev, non_blocking=cuda)
             t_all = run.targets.index_select(0, chunk).to(dev, non_blocking=cuda)
-        levels = None if run.levels is None else run.levels.index_select(0, chunk).to(dev)
-        stats = (z_all, b_all, t_all, levels)
+        stats = (z_all, b_all, t_all, _rows(run.levels, chunk, dev))
         loss = model.loss(
             xb,
             bb,
