@@ -21,6 +21,10 @@ machine and seeds of the run behind it:
     .venv/bin/python benchmarks/simulated/suite.py --work W3 --seeds 0 1 2 \\
         --scenarios n-40 n-150 bulk-6-batches bulk-confounded
     .venv/bin/python benchmarks/results_tables.py simulated --work W3 --block simulated-small
+    # bulk studies read as microarray log2 intensities, a table of their own
+    .venv/bin/python benchmarks/simulated/suite.py --work W4 --seeds 0 1 2 --library microarray \
+        --scenarios bulk-6-batches bulk-confounded --methods uncorrected combat harmony locusformer
+    .venv/bin/python benchmarks/results_tables.py simulated --work W4 --block simulated-microarray
     # the workflow's cost per rule at scale, three runs of each code, interleaved
     .venv/bin/python benchmarks/workflow_scale.py --sizes 10000 100000 1000000 --repeats 3 \\
         --code /tmp/ref --label reference --code . --label current
@@ -49,6 +53,7 @@ DOCUMENTS = {
     "simulated": [ROOT / "docs" / "results.md"],
     "simulated-shallow": [ROOT / "docs" / "results.md"],
     "simulated-small": [ROOT / "docs" / "results.md"],
+    "simulated-microarray": [ROOT / "docs" / "results.md"],
     "scale": [ROOT / "docs" / "results.md"],
 }
 TASKS = {
@@ -377,10 +382,11 @@ def main() -> None:
     p.add_argument("--work", type=Path, required=True, help="simulated/suite.py's --work folder")
     p.add_argument("--check", action="store_true", help="compare, write nothing")
     p.add_argument(
-        "--block", choices=("simulated", "simulated-shallow", "simulated-small"),
+        "--block",
+        choices=("simulated", "simulated-shallow", "simulated-small", "simulated-microarray"),
         default="simulated",
-        help="the table to write: the suite, its scenarios on a shallow library, or its "
-        "small studies",
+        help="the table to write: the suite, its scenarios on a shallow library, its "
+        "small studies, or its studies read as microarrays",
     )  # fmt: skip
     p.add_argument(
         "--locusformer", default=None,

@@ -45,7 +45,7 @@ from locusformer.simulate.params import CountSimulationParams
 
 Biology = Literal["groups", "mixtures", "trajectory"]
 Composition = Literal["balanced", "skewed", "missing"]
-Library = Literal["single_cell", "bulk", "shallow"]
+Library = Literal["single_cell", "bulk", "shallow", "microarray"]
 
 #: The design stream: ``default_rng([seed, DESIGN_STREAM])`` (the issue's number), apart
 #: from the streams ``simulate_counts`` uses (0, 1, 2), so that the genes, programmes and
@@ -108,6 +108,20 @@ BULK_COUNTS = {"mean_log_expression": 3.0, "dispersion": 0.05, "dropout": 0.0, "
 #: (docs/notes/2026-12-06.md).
 SHALLOW_COUNTS: dict[str, float] = {}
 SHALLOW_PROGRAMME_FRACTION = 0.05
+#: A microarray-like study: the bulk library's counts read as log2 intensities,
+#: ``log2(1e6 * count / library + background)`` plus a bias of each batch that bends with
+#: the intensity and a measurement noise. The background floors the weak genes, as a
+#: scanner's does; the bias is a polynomial in the centred intensity ``u``, ``offset +
+#: slope * u + curvature * u**2 / 8`` (coefficients drawn per batch with these sds, times
+#: the batch strength): arrays processed apart differ by such intensity-dependent curves,
+#: which is why they are quantile- or loess-normalized, and a shift per gene, ComBat's
+#: model, does not describe them.
+MICROARRAY_BACKGROUND = 16.0
+MICROARRAY_CENTRE = 8.0
+MICROARRAY_BIAS_SDS = (0.5, 0.1, 0.1)
+MICROARRAY_NOISE_SD = 0.2
+#: The stream of the intensities' bias and noise: ``default_rng([seed, MICROARRAY_STREAM])``.
+MICROARRAY_STREAM = 40
 
 
 @dataclass(frozen=True)
@@ -150,6 +164,9 @@ class Scenario:
         ``"shallow"``: single-cell libraries at ``simulate_counts``' own depth, with half
         the genes in each programme (:data:`SHALLOW_COUNTS`,
         :data:`SHALLOW_PROGRAMME_FRACTION`).
+        ``"microarray"``: the bulk library read as log2 intensities with a batch bias that
+        bends with the intensity (:meth:`ScenarioSimulation.intensities`,
+        :data:`MICROARRAY_BIAS_SDS`); handed to a corrector as log-expression.
     """
 
     biology: Biology = "groups"
@@ -243,6 +260,35 @@ class ScenarioSimulation(CountSimulation):
     # dominant class (the one confounding draws from).
     absent: dict[str, list[str]] = field(default_factory=dict)
     dominant: dict[str, str] = field(default_factory=dict)
+    # (B, 3) each batch's intensity bias (offset, slope, curvature) of a microarray study.
+    intensity_bias: np.ndarray | None = None
+
+    @property
+    def value_type(self) -> Literal["counts", "log_expression"]:
+        """What :meth:`values` holds: counts, or a microarray study's log2 intensities."""
+        return "log_expression" if self.intensity_bias is not None else "counts"
+
+    def values(self) -> sparse.csr_matrix | np.ndarray:
+        """The data a corrector is handed: :meth:`counts`, or :meth:`intensities` for a
+        microarray study."""
+        return self.counts() if self.intensity_bias is None else self.intensities()
+
+    def intensities(self) -> np.ndarray:
+        """Samples x genes float32 log2 intensities of a microarray study (``library``
+        ``"microarray"``): each sample's counts per million on the log2 scale above
+        :data:`MICROARRAY_BACKGROUND`, its batch's bias at that intensity added, and
+        Gaussian noise of sd :data:`MICROARRAY_NOISE_SD` (the same seed, the same values).
+        """
+        if self.intensity_bias is None:
+            raise InputError("intensities", "only a microarray scenario has intensities")
+        counts = self.counts().toarray().astype(np.float64)
+        library = np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
+        clean = np.log2(1e6 * counts / library + MICROARRAY_BACKGROUND)
+        offset, slope, curvature = self.intensity_bias[self.batch_code].T[:, :, None]
+        u = clean - MICROARRAY_CENTRE
+        rng = np.random.default_rng([self.params.seed, MICROARRAY_STREAM])
+        noise = rng.normal(0.0, MICROARRAY_NOISE_SD, size=clean.shape)
+        return (clean + offset + slope * u + curvature * u * u / 8 + noise).astype(np.float32)
 
     @property
     def labels(self) -> np.ndarray:
@@ -282,6 +328,7 @@ class ScenarioSimulation(CountSimulation):
                 "count ~ NB(base[g] * library[i] * depth[b] * exp(shift[b,g] + "
                 "scale[b,g] * (w[i] @ programmes)[g]), dispersion[g]); dropout[b] / (1 + mean)"
             ),
+            "value_type": self.value_type,
             "programmes": {
                 name: self.genes.loc[self.programmes[p] != 0, "gene_id"].tolist()
                 for p, name in enumerate(_programme_names(s))
@@ -298,10 +345,16 @@ class ScenarioSimulation(CountSimulation):
                         for c in classes
                         if c in table.columns and name in table.index
                     },
+                    **self._bias_of(b),
                 }
                 for b, name in enumerate(names)
             },
         }
+
+    def _bias_of(self, b: int) -> dict[str, list[float]]:
+        if self.intensity_bias is None:
+            return {}
+        return {"intensity_bias": [float(v) for v in self.intensity_bias[b]]}
 
 
 def _programme_names(scenario: Scenario) -> list[str]:
@@ -406,7 +459,17 @@ def simulate_scenario(
         pseudotime=pseudotime,
         absent={batch_names[b]: [classes[c] for c in cs] for b, cs in absent.items()},
         dominant={batch_names[b]: classes[c] for b, c in enumerate(dominant)},
+        intensity_bias=_intensity_bias(s, seed),
     )
+
+
+def _intensity_bias(s: Scenario, seed: int) -> np.ndarray | None:
+    """(B, 3) each batch's offset, slope and curvature of a microarray study, else None;
+    from a stream of its own, so the counts below do not move."""
+    if s.library != "microarray":
+        return None
+    rng = np.random.default_rng([seed, MICROARRAY_STREAM, 1])
+    return rng.normal(size=(s.n_batches, 3)) * np.array(MICROARRAY_BIAS_SDS) * s.batch_strength
 
 
 def _count_params(s: Scenario, seed: int) -> CountSimulationParams:
@@ -415,6 +478,7 @@ def _count_params(s: Scenario, seed: int) -> CountSimulationParams:
         "single_cell": (SINGLE_CELL_COUNTS, PROGRAMME_FRACTION),
         "bulk": (BULK_COUNTS, PROGRAMME_FRACTION),
         "shallow": (SHALLOW_COUNTS, SHALLOW_PROGRAMME_FRACTION),
+        "microarray": (BULK_COUNTS, PROGRAMME_FRACTION),
     }[s.library]
     unit_shift = defaults.group_effect * math.sqrt(fraction)
     return dataclasses.replace(
