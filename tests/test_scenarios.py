@@ -11,6 +11,9 @@ import pytest
 
 from locusformer.errors import InputError
 from locusformer.simulate.scenarios import (
+    MICROARRAY_BACKGROUND,
+    MICROARRAY_CENTRE,
+    MICROARRAY_NOISE_SD,
     MIXTURE_DESIGN,
     SUITE,
     TRAJECTORY_STAGES,
@@ -184,6 +187,39 @@ def test_a_shallow_library_draws_fewer_counts_and_weaker_programmes_in_the_same_
     # Half the genes in each programme: fewer genes tell the groups apart.
     programme_genes = [(sim.programmes != 0).sum() for sim in (a, b)]
     assert programme_genes[1] < programme_genes[0]
+
+
+def test_a_microarray_study_reads_the_bulk_counts_as_intensities_bent_by_each_batch():
+    bulk = small(SUITE["bulk-6-batches"])
+    array = dataclasses.replace(bulk, library="microarray")
+    a, b = simulate_scenario(bulk, seed=3), simulate_scenario(array, seed=3)
+    assert (a.value_type, b.value_type) == ("counts", "log_expression")
+    assert a.intensity_bias is None and b.intensity_bias.shape == (bulk.n_batches, 3)
+    counts = b.counts().toarray().astype(np.float64)
+    assert np.array_equal(counts, a.counts().toarray())  # the same study, read another way
+    values = b.values()
+    assert np.array_equal(values, b.intensities()) and values.dtype == np.float32
+    clean = np.log2(1e6 * counts / counts.sum(axis=1, keepdims=True) + MICROARRAY_BACKGROUND)
+    # What each batch adds is its own curve in the intensity, not one shift: fitting the
+    # difference by a quadratic in the centred intensity gives back the drawn bias, and the
+    # residual is the measurement noise.
+    u = clean - MICROARRAY_CENTRE
+    for batch in range(bulk.n_batches):
+        rows = b.batch_code == batch
+        design = np.stack(
+            [np.ones(rows.sum() * u.shape[1]), u[rows].ravel(), u[rows].ravel() ** 2 / 8], 1
+        )
+        fit, *_ = np.linalg.lstsq(design, (values[rows] - clean[rows]).ravel(), rcond=None)
+        np.testing.assert_allclose(fit, b.intensity_bias[batch], atol=0.03)
+        residual = (values[rows] - clean[rows]).ravel() - design @ fit
+        assert abs(residual.std() - MICROARRAY_NOISE_SD) < 0.02
+    assert b.truth()["value_type"] == "log_expression"
+    assert len(b.truth()["batches"]["batch1"]["intensity_bias"]) == 3
+    # No batch effect, no bias; and a count study has no intensities.
+    none = simulate_scenario(dataclasses.replace(array, batch_strength=0.0), seed=3)
+    assert (none.intensity_bias == 0).all()
+    with pytest.raises(InputError, match="intensities"):
+        a.intensities()
 
 
 def test_scaling_shrinks_the_samples_but_keeps_bulk_designs_bulk_like():

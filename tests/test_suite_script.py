@@ -1,9 +1,11 @@
 """benchmarks/simulated/suite.py's bookkeeping: which rows a resumed run skips, how
 LocusFormer's rows are named when it trains with overrides, and which block of the results
-document its rows are written to. No method is run."""
+document its rows are written to, and what a microarray study is handed. Only ComBat and
+the uncorrected data are run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -93,3 +95,19 @@ def test_a_default_measured_under_its_overrides_is_read_as_locusformer(tmp_path)
     assert "soft000" in text and "base000" in text and "hard000" not in text
     assert f"its runs trained with {training}, its defaults" in text
     assert "| middle | **0.900 (1 seed)** | 0.740 (1 seed) |" in text
+
+
+def test_a_microarray_study_is_corrected_as_log_expression_and_skips_the_count_models(tmp_path):
+    from locusformer.simulate.scenarios import SUITE
+
+    scenario = dataclasses.replace(
+        SUITE["bulk-6-batches"].scaled(0.1, n_genes=300), library="microarray"
+    )
+    adata, counts, loci = suite.prepare(scenario, 0)
+    assert counts is None  # scVI's input: a microarray has none
+    assert "counts" not in adata.layers and adata.X.min() > 2.0  # log2 intensities as given
+    assert list(adata.var_names) == loci["gene_id"].tolist()
+    suite.run_one("arrays", scenario, 0, ["uncorrected", "combat", "scvi"], None, tmp_path)
+    rows = (tmp_path / "results.tsv").read_text().splitlines()
+    assert [row.split("\t")[1] for row in rows] == ["uncorrected", "combat"]
+    assert all(0 < float(row.split("\t")[5]) <= 1 for row in rows)
