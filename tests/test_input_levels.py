@@ -201,6 +201,27 @@ def test_agreement_reads_whether_each_cluster_holds_one_class_in_every_batch() -
     assert level_agreement(x[two], codes[two], single, seed=0) is None
 
 
+def test_agreement_is_read_only_where_some_pair_of_batches_shares_three_clusters() -> None:
+    x, codes, groups = _data(30, [[0, 1, 2], [0, 1, 2], [0, 1, 2]], shift=6.0)
+    two = codes < 2
+    assert level_agreement(x[two], codes[two], groups[two], seed=0) > 0.95
+    # the second batch's class 2 a cluster of its own: the batches share two clusters, a
+    # single contrast a side, and nothing is read
+    apart = np.where((codes[two] == 1) & (groups[two] == 2), 3, groups[two])
+    assert level_agreement(x[two], codes[two], apart, seed=0) is None
+    # a third batch sharing two clusters with each, in the wrong order: once a pair shares
+    # three the reading is made, and the pairs sharing two count in it
+    third = np.where(codes == 2, np.array([1, 0, 4])[groups], groups)
+    assert level_agreement(x, codes, third, seed=0) < 0.5
+
+
+def test_clusters_whose_agreement_cannot_be_read_are_not_used(monkeypatch) -> None:
+    x, codes, _ = _data(30, [[0, 1, 2], [0, 1, 2]], shift=6.0)
+    assert input_levels(x, codes, n_clusters=8, seed=0) is not None
+    monkeypatch.setattr(alignment, "level_agreement", lambda *args: None)
+    assert input_levels(x, codes, n_clusters=8, seed=0) is None
+
+
 def test_structure_ratio_tells_groups_from_noise() -> None:
     x, _, _ = _data(60, [[0, 1, 2]], shift=0.0)
     noise = np.random.default_rng(1).normal(size=x.shape).astype(np.float32)
