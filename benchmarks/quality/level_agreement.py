@@ -1,12 +1,13 @@
 """The input clusters' agreement between batches, per data set, without training (issue 38).
 
-``locusformer.train.alignment.level_agreement`` reads whether each input cluster holds
+``locusformer.train.alignment.cut_agreement`` reads whether each input cluster holds
 the same biology in every batch from the clusters' contrasts within batches, which a
-batch effect of shift and scale cannot fake; below ``LEVEL_AGREEMENT`` the input
-clusters are not used. This prints, per data set and seed, the reading of the clusters
-``input_levels`` finds (the check itself turned off to find them), the pairs of batches
-it read, and with the truth the clusters' mismatch (``level_screen.mismatch``: above
-zero, a cluster joins different classes of different batches).
+batch effect of shift and scale cannot fake, averaged over ``AGREEMENT_CUTS`` k-means
+cuts; below ``LEVEL_AGREEMENT``, or where no cut can be read, the input clusters are not
+used. This prints, per data set and seed, the reading training makes, whether the
+clusters are used, and with the truth the mismatch of the clusters ``input_levels``
+finds (the check itself turned off to find them; ``level_screen.mismatch``: above zero,
+a cluster joins different classes of different batches).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/level_agreement.py \\
         --scenarios bulk-confounded bulk-6-batches --seeds 0 1 2 \\
@@ -40,9 +41,11 @@ def line(name: str, seed: int, x: np.ndarray, codes: np.ndarray, labels: np.ndar
     if levels is None:
         print(f"{name}\t{seed}\toff (no structure)\t\t", flush=True)
         return
-    agree = alignment.level_agreement(x, codes, levels, seed)
+    quick = alignment.quick_scores(x, codes, seed)
+    cuts = [alignment._cut(quick.scores, 8, s) for s in alignment._cut_seeds(seed)]
+    agree = alignment.cut_agreement(x, codes, cuts, seed)
     shown = "none" if agree is None else f"{agree:.3f}"
-    used = agree is None or agree >= kept
+    used = agree is not None and agree >= kept
     m = mismatch(levels, codes, labels)
     print(f"{name}\t{seed}\t{shown}\t{'used' if used else 'not used'}\t{m:.3f}", flush=True)
 
