@@ -87,12 +87,12 @@ INPUT_MIN_PER_BATCH = 50
 #: few, 1.62 to 2.09 (the suite's ``n-40``; docs/notes/2026-12-07.md).
 INPUT_STRUCTURE_RATIO = 1.2
 #: Least agreement of the input clusters' contrasts within batches between batches
-#: (:func:`level_agreement`) for the clusters to be used. Where the quick correction
+#: (:func:`cut_agreement`) for the clusters to be used. Where the quick correction
 #: joined different classes of different batches (the suite's ``bulk-confounded``, each
-#: batch mostly one class of its own: 0.11 to 0.46 at seeds 0-4), the contrasts
-#: disagree; every other suite scenario reads 0.59 or more at seeds 0-2 (``n-40`` 0.59 to
-#: 0.64; 0.45 at seed 3, whose clusters then go unused) and every CellBench task 0.85 or
-#: more (docs/notes/2026-12-06.md, docs/notes/2026-12-07.md).
+#: batch mostly one class of its own: 0.21 to 0.40 at seeds 0-5, 0.23 to 0.44 read as
+#: microarrays), the contrasts disagree; every other suite scenario reads 0.51 or more
+#: (``n-40`` 0.51 to 0.63 at seeds 0-5) and every CellBench task 0.85 or more
+#: (docs/notes/2026-12-06.md, docs/notes/2026-12-07.md).
 LEVEL_AGREEMENT = 0.5
 #: Clusters some pair of batches must share for :func:`level_agreement` to read anything
 #: (every cluster where the cut has fewer): two shared clusters are a single contrast a
