@@ -22,7 +22,7 @@ machine and seeds of the run behind it:
         --scenarios n-40 n-150 bulk-6-batches bulk-confounded
     .venv/bin/python benchmarks/results_tables.py simulated --work W3 --block simulated-small
     # bulk studies read as microarray log2 intensities, a table of their own
-    .venv/bin/python benchmarks/simulated/suite.py --work W4 --seeds 0 1 2 --library microarray \
+    .venv/bin/python benchmarks/simulated/suite.py --work W4 --seeds 0 1 2 --library microarray \\
         --scenarios bulk-6-batches bulk-confounded --methods uncorrected combat harmony locusformer
     .venv/bin/python benchmarks/results_tables.py simulated --work W4 --block simulated-microarray
     # the workflow's cost per rule at scale, three runs of each code, interleaved

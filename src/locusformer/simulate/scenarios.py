@@ -120,7 +120,8 @@ MICROARRAY_BACKGROUND = 16.0
 MICROARRAY_CENTRE = 8.0
 MICROARRAY_BIAS_SDS = (0.5, 0.1, 0.1)
 MICROARRAY_NOISE_SD = 0.2
-#: The stream of the intensities' bias and noise: ``default_rng([seed, MICROARRAY_STREAM])``.
+#: The streams of the intensities' noise, ``default_rng([seed, MICROARRAY_STREAM])``, and
+#: of each batch's bias, ``default_rng([seed, MICROARRAY_STREAM, 1])``.
 MICROARRAY_STREAM = 40
 
 
