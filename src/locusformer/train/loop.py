@@ -49,7 +49,6 @@ from locusformer.train.alignment import (
     joint_weights,
     latent_clusters,
     never_compared,
-    unshared_at_start,
 )
 from locusformer.train.checkpoint import TrainingState, fingerprint, resume, save_checkpoint
 from locusformer.train.data import (
@@ -413,19 +412,18 @@ def _unfold_config(inputs: _RunInputs, kept: Callable[[], float | None]) -> Trai
 def _unshared_config(inputs: _RunInputs, history: pd.DataFrame) -> TrainConfig | None:
     """The configuration to train again with when nothing says the batches share any
     biology (``shared_check``): the run had neither input clusters nor protected
-    covariates, and its latent clusters held no fair share of two batches in the first
-    epochs of the cluster term (:func:`~locusformer.train.alignment.unshared_at_start`).
-    The adversary then asks batches that hold different biology to look alike, and
-    removes the biology that tells them apart; the run is trained again without it.
-    None otherwise."""
+    covariates, and its latent clusters never held a fair share of two batches
+    (:func:`~locusformer.train.alignment.never_compared`). The adversary then asks
+    batches that hold different biology to look alike, and removes the biology that
+    tells them apart; the run is trained again without it. None otherwise."""
     tc = inputs.tc
     if not tc.shared_check or tc.adversary_weight == 0 or inputs.covariates is not None:
         return None
-    if not unshared_at_start(history):
+    if not never_compared(history):
         return None
     log.info(
         "shared check: no input clusters, and no latent cluster held a fair share of two "
-        "batches in the cluster term's first epochs: training again without the adversary"
+        "batches in any epoch: training again without the adversary"
     )
     return dataclasses.replace(tc, adversary_weight=0.0)
 
