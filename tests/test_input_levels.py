@@ -174,7 +174,7 @@ def test_clusters_joining_different_classes_of_different_batches_are_not_used(
     monkeypatch.setattr(alignment, "LEVEL_AGREEMENT", -np.inf)
     assert input_levels(x, codes, n_clusters=8, seed=seed) is not None
     quick = alignment.quick_scores(x, codes, seed)
-    cuts = [alignment._cut(quick.scores, 8, s) for s in alignment._cut_seeds(seed)]
+    cuts = alignment.agreement_cuts(quick.scores, 8, seed)
     assert alignment.cut_agreement(x, codes, cuts, seed) < 0.5
     # Draw 0's first cut alone reads 0.55: one cut's reading is noise on 40 samples,
     # which the mean over the cuts (0.32) is not.

@@ -6,8 +6,8 @@ batch effect of shift and scale cannot fake, averaged over ``AGREEMENT_CUTS`` k-
 cuts; below ``LEVEL_AGREEMENT``, or where no cut can be read, the input clusters are not
 used. This prints, per data set and seed, the reading training makes, whether the
 clusters are used, and with the truth the mismatch of the clusters ``input_levels``
-finds (the check itself turned off to find them; ``level_screen.mismatch``: above zero,
-a cluster joins different classes of different batches).
+would take (``level_screen.mismatch``: above zero, a cluster joins different classes of
+different batches).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality/level_agreement.py \\
         --scenarios bulk-confounded bulk-6-batches --seeds 0 1 2 \\
@@ -33,20 +33,15 @@ def line(name: str, seed: int, x: np.ndarray, codes: np.ndarray, labels: np.ndar
 
     from locusformer.train import alignment
 
-    kept, alignment.LEVEL_AGREEMENT = alignment.LEVEL_AGREEMENT, -np.inf
-    try:
-        levels = alignment.input_levels(x, codes, 8, seed)
-    finally:
-        alignment.LEVEL_AGREEMENT = kept
-    if levels is None:
+    quick = alignment.quick_scores(x, codes, seed)
+    if quick is None:
         print(f"{name}\t{seed}\toff (no structure)\t\t", flush=True)
         return
-    quick = alignment.quick_scores(x, codes, seed)
-    cuts = [alignment._cut(quick.scores, 8, s) for s in alignment._cut_seeds(seed)]
+    cuts = alignment.agreement_cuts(quick.scores, 8, seed)
     agree = alignment.cut_agreement(x, codes, cuts, seed)
     shown = "none" if agree is None else f"{agree:.3f}"
-    used = agree is not None and agree >= kept
-    m = mismatch(levels, codes, labels)
+    used = agree is not None and agree >= alignment.LEVEL_AGREEMENT
+    m = mismatch(cuts[0], codes, labels)  # the clusters input_levels takes at 8
     print(f"{name}\t{seed}\t{shown}\t{'used' if used else 'not used'}\t{m:.3f}", flush=True)
 
 

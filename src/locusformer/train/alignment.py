@@ -409,12 +409,12 @@ def input_clusters(
     quick = quick_scores(x, codes[rows], seed)
     if quick is None:
         return None
-    finest = _cut(quick.scores, n_clusters, seed)
     # The agreement is read on the finest cut allowed: the contrasts of a few clusters
     # are a few pairs, and their correlation is noise (two confounded bulk studies of
     # the suite read 0.76 and 0.79 at four clusters, 0.05 and -0.07 at eight).
-    others = [_cut(quick.scores, n_clusters, s) for s in _cut_seeds(seed)[1:]]
-    agree = cut_agreement(x, codes[rows], [finest, *others], seed)
+    cuts = agreement_cuts(quick.scores, n_clusters, seed)
+    finest = cuts[0]
+    agree = cut_agreement(x, codes[rows], cuts, seed)
     if agree is None:
         log.info(
             "input clusters: no two batches share enough of them to read whether they hold "
@@ -486,9 +486,10 @@ def cluster_count(quick: np.ndarray, most: int, seed: int) -> int:
     return k
 
 
-def _cut_seeds(seed: int) -> list[int]:
-    """The k-means seeds of :data:`AGREEMENT_CUTS` cuts, ``seed``'s first."""
-    return [seed + 1000 * k for k in range(AGREEMENT_CUTS)]
+def agreement_cuts(scores: np.ndarray, k: int, seed: int) -> list[np.ndarray]:
+    """:data:`AGREEMENT_CUTS` k-means cuts of ``scores`` into ``k`` clusters, seeded
+    apart; the first is ``_cut(scores, k, seed)``, the one the input clusters take."""
+    return [_cut(scores, k, seed + 1000 * i) for i in range(AGREEMENT_CUTS)]
 
 
 def cut_agreement(
