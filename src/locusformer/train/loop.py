@@ -45,10 +45,12 @@ from locusformer.train.alignment import (
     adversary_targets,
     enough_for_clusters,
     input_clusters,
+    input_structured,
     joint_levels,
     joint_weights,
     latent_clusters,
     never_compared,
+    unshared_at_start,
 )
 from locusformer.train.checkpoint import TrainingState, fingerprint, resume, save_checkpoint
 from locusformer.train.data import (
@@ -413,17 +415,34 @@ def _unshared_config(inputs: _RunInputs, history: pd.DataFrame) -> TrainConfig |
     """The configuration to train again with when nothing says the batches share any
     biology (``shared_check``): the run had neither input clusters nor protected
     covariates, and its latent clusters never held a fair share of two batches
-    (:func:`~locusformer.train.alignment.never_compared`). The adversary then asks
-    batches that hold different biology to look alike, and removes the biology that
-    tells them apart; the run is trained again without it. None otherwise."""
+    (:func:`~locusformer.train.alignment.never_compared`), or, where the input corrected
+    quickly holds no structure within batches
+    (:func:`~locusformer.train.alignment.input_structured`), held none in the cluster
+    term's first epochs (:func:`~locusformer.train.alignment.unshared_at_start`).
+
+    The adversary asks batches that hold different biology to look alike, and removes
+    the biology that tells them apart; the run is trained again without it. Where each
+    batch is one population, the latent's clusters are the only evidence that two hold
+    the same one, and clusters that join them only after the adversary has acted at full
+    weight can be its work. Where the batches hold structure, late comparisons are the
+    adversary mixing shared groups that a strong shift kept apart at first (test_correct's
+    data). None otherwise."""
     tc = inputs.tc
     if not tc.shared_check or tc.adversary_weight == 0 or inputs.covariates is not None:
         return None
-    if not never_compared(history):
+    if never_compared(history):
+        when = "in any epoch"
+    elif (
+        unshared_at_start(history)
+        and input_structured(inputs.X, inputs.codes, inputs.seed) is False
+    ):
+        when = "in the cluster term's first epochs, and the input holds no structure within batches"
+    else:
         return None
     log.info(
         "shared check: no input clusters, and no latent cluster held a fair share of two "
-        "batches in any epoch: training again without the adversary"
+        "batches %s: training again without the adversary",
+        when,
     )
     return dataclasses.replace(tc, adversary_weight=0.0)
 
