@@ -22,6 +22,7 @@ from locusformer.pp.combat import combat
 from locusformer.train import alignment
 from locusformer.train.alignment import (
     input_levels,
+    input_structured,
     joint_levels,
     level_agreement,
     mnn_recentred,
@@ -147,6 +148,21 @@ def test_total_confounding_with_a_depth_axis_leaves_nothing_to_cluster() -> None
 def test_one_class_per_batch_leaves_nothing_to_cluster() -> None:
     x, codes, _ = _data(80, [[0], [1], [2]], shift=0.0)
     assert input_levels(x, codes, n_clusters=3, seed=0) is None
+
+
+def test_input_structured_reads_the_floor_the_clusters_are_found_above() -> None:
+    """The shared check's reading: batches of one class each hold nothing within them
+    once corrected (the depth axis aside), batches that share their classes do, and one
+    batch, or a batch of one sample, cannot be read."""
+    one_class_each, codes, _ = _data(80, [[0], [1], [2]], shift=0.0)
+    assert input_structured(one_class_each, codes, seed=0) is False
+    x, codes = _confounded_with_depth()
+    assert input_structured(x, codes, seed=0) is False
+    shared, codes, _ = _data(60, [[0, 1], [0, 1]], shift=3.0)
+    assert input_structured(shared, codes, seed=0) is True
+    assert input_structured(shared, np.zeros_like(codes), seed=0) is None
+    codes[0] = 2  # a third batch of one sample
+    assert input_structured(shared, codes, seed=0) is None
 
 
 def _own_class_each(seed: int):

@@ -10,6 +10,8 @@ import pandas as pd
 import pytest
 from conftest import same_state
 
+from locusformer.model.config import ModelConfig, TrainConfig
+from locusformer.train import loop
 from locusformer.train.alignment import never_compared
 from locusformer.train.loop import train_corrector
 
@@ -75,3 +77,28 @@ def test_protected_covariates_keep_the_run() -> None:
     checked, history = _train(data, covariates=levels)
     assert never_compared(history)
     assert same_state(checked, _train(data, covariates=levels, shared_check=False)[0])
+
+
+def _inputs(data) -> loop._RunInputs:
+    X, labels, loci = data
+    names = sorted(set(labels))
+    return loop._RunInputs(
+        X=X, labels=labels, loci=loci, mc=ModelConfig.from_dict(MODEL),
+        tc=TrainConfig.from_dict(TRAIN), seed=0,
+        codes=np.array([names.index(b) for b in labels]), batch_names=names, gene_ids=None,
+        covariates=None, checkpoint_path=None, log_path=None, progress=False,
+        on_epoch_end=None,
+    )  # fmt: skip
+
+
+def test_comparisons_that_begin_late_count_only_where_the_batches_hold_structure() -> None:
+    """Latent clusters that join two batches only once the adversary has acted can be its
+    own work where each batch is one population (the suite's confounded-total at seed 3
+    lost its biology so); where the batches hold structure they are the adversary mixing
+    shared groups that a strong shift kept apart at first (test_correct's data)."""
+    late = pd.DataFrame({"clusters_compared": [np.nan, 0, 0, 0, 3, 5, 8, 8, 8, 8, 8, 8]})
+    again = loop._unshared_config(_inputs(_data(shared=False)), late)
+    assert again is not None and again.adversary_weight == 0.0
+    assert loop._unshared_config(_inputs(_data(shared=True)), late) is None
+    early = late.assign(clusters_compared=[np.nan, 2, 0, 0, 3, 5, 8, 8, 8, 8, 8, 8])
+    assert loop._unshared_config(_inputs(_data(shared=False)), early) is None
