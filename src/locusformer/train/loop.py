@@ -436,7 +436,7 @@ def _unshared_config(inputs: _RunInputs, history: pd.DataFrame) -> TrainConfig |
         unshared_at_start(history)
         and input_structured(inputs.X, inputs.codes, inputs.seed) is False
     ):
-        when = "in the cluster term's first epochs, and the input holds no structure within batches"
+        when = "in the cluster term's first epochs (the input: no structure within batches)"
     else:
         return None
     log.info(
