@@ -10,8 +10,6 @@ import pandas as pd
 import pytest
 from conftest import same_state
 
-from locusformer.model.config import ModelConfig, TrainConfig
-from locusformer.train import loop
 from locusformer.train.alignment import never_compared
 from locusformer.train.loop import train_corrector
 
@@ -50,14 +48,34 @@ def _train(data, covariates=None, **train):
     )  # fmt: skip
 
 
-def test_batches_sharing_nothing_train_again_without_the_adversary(caplog) -> None:
+def test_batches_sharing_nothing_train_without_the_adversary(caplog) -> None:
+    """Each batch one group: the input holds no structure within batches, so the run is
+    trained first without the adversary, and its latent clusters never hold both."""
     data = _data(shared=False)
     with caplog.at_level(logging.INFO, logger="locusformer.train.loop"):
         checked, history = _train(data)  # the check is on by default
     assert never_compared(history)
-    assert "training again without the adversary" in caplog.text
+    assert "no latent cluster held two batches: kept" in caplog.text
+    assert (history["adversary_weight"] == 0).all()
     assert same_state(checked, _train(data, adversary_weight=0.0)[0])
     assert not same_state(checked, _train(data, shared_check=False)[0])
+
+
+def test_one_population_in_both_batches_trains_with_the_adversary(caplog) -> None:
+    """Both batches hold the same single group, a small shift apart: the input holds no
+    structure within batches either, but the latent trained without the adversary joins
+    the batches in its clusters, so the run is trained with it."""
+    rng = np.random.default_rng(0)
+    batch = np.repeat([0, 1], N // 2)
+    shift = rng.normal(0, 0.3, (2, GENES))
+    X = (shift[batch] + rng.normal(0, 1, (N, GENES))).astype(np.float32)
+    loci = _data(shared=True)[2]
+    data = (X, [f"b{b}" for b in batch], loci)
+    with caplog.at_level(logging.INFO, logger="locusformer.train.loop"):
+        checked, history = _train(data)
+    assert "latent clusters held two batches: training with it" in caplog.text
+    assert history["adversary_weight"].max() > 0
+    assert same_state(checked, _train(data, shared_check=False)[0])
 
 
 def test_batches_that_share_their_groups_keep_the_run(caplog) -> None:
@@ -77,28 +95,3 @@ def test_protected_covariates_keep_the_run() -> None:
     checked, history = _train(data, covariates=levels)
     assert never_compared(history)
     assert same_state(checked, _train(data, covariates=levels, shared_check=False)[0])
-
-
-def _inputs(data) -> loop._RunInputs:
-    X, labels, loci = data
-    names = sorted(set(labels))
-    return loop._RunInputs(
-        X=X, labels=labels, loci=loci, mc=ModelConfig.from_dict(MODEL),
-        tc=TrainConfig.from_dict(TRAIN), seed=0,
-        codes=np.array([names.index(b) for b in labels]), batch_names=names, gene_ids=None,
-        covariates=None, checkpoint_path=None, log_path=None, progress=False,
-        on_epoch_end=None,
-    )  # fmt: skip
-
-
-def test_comparisons_that_begin_late_count_only_where_the_batches_hold_structure() -> None:
-    """Latent clusters that join two batches only once the adversary has acted can be its
-    own work where each batch is one population (the suite's confounded-total at seed 3
-    lost its biology so); where the batches hold structure they are the adversary mixing
-    shared groups that a strong shift kept apart at first (test_correct's data)."""
-    late = pd.DataFrame({"clusters_compared": [np.nan, 0, 0, 0, 3, 5, 8, 8, 8, 8, 8, 8]})
-    again = loop._unshared_config(_inputs(_data(shared=False)), late)
-    assert again is not None and again.adversary_weight == 0.0
-    assert loop._unshared_config(_inputs(_data(shared=True)), late) is None
-    early = late.assign(clusters_compared=[np.nan, 2, 0, 0, 3, 5, 8, 8, 8, 8, 8, 8])
-    assert loop._unshared_config(_inputs(_data(shared=False)), early) is None

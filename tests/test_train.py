@@ -17,7 +17,7 @@ from locusformer.errors import InputError
 from locusformer.infer.correct import correct
 from locusformer.model.files import load_model, save_model
 from locusformer.simulate.datasets import simulate
-from locusformer.train.alignment import never_compared, unshared_at_start
+from locusformer.train.alignment import never_compared
 from locusformer.train.epoch_checks import validate
 from locusformer.train.loop import (
     HISTORY_COLUMNS,
@@ -91,21 +91,6 @@ def test_never_compared_reads_the_clusters_column() -> None:
     assert not never_compared(history(np.nan, 0.0, 3.0, 0.0))  # acted in one epoch
     assert not never_compared(history(np.nan, np.nan))  # no clustering (scope, ramp-up)
     assert not never_compared(history())
-
-
-def test_unshared_at_start_reads_the_first_quarter_of_the_cluster_terms_epochs() -> None:
-    def history(*compared: float) -> pd.DataFrame:
-        return pd.DataFrame({"clusters_compared": compared})
-
-    # eight clustered epochs, clusters compared only from the third on: the adversary's
-    # own mixing, where the batches hold no structure, by the time the comparisons began
-    late = history(np.nan, np.nan, 0.0, 0.0, 3.0, 5.0, 8.0, 8.0, 8.0, 8.0)
-    assert unshared_at_start(late) and not never_compared(late)
-    assert not unshared_at_start(history(np.nan, 0.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
-    assert unshared_at_start(history(np.nan, 0.0, 0.0))  # never compared
-    assert not unshared_at_start(history(np.nan, 2.0))  # one epoch, compared
-    assert not unshared_at_start(history(np.nan, np.nan))  # no clustering
-    assert not unshared_at_start(history())
 
 
 def test_history_log_and_checkpoint(data, tmp_path: Path) -> None:

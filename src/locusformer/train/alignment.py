@@ -637,8 +637,8 @@ def input_structured(
     one with fewer than two samples: ComBat needs two).
 
     Where it holds none, each batch is one population as far as the data say: whether two
-    batches hold the same one is then for the latent to show (the shared check,
-    :func:`unshared_at_start`)."""
+    batches hold the same one is then for a latent trained without the adversary to show
+    (the shared check, ``training.shared_check``)."""
     from locusformer.pp.combat import combat
 
     codes = np.asarray(codes)
@@ -905,23 +905,3 @@ def never_compared(history: pd.DataFrame) -> bool:
     """
     compared = history["clusters_compared"].dropna()
     return len(compared) > 0 and bool((compared == 0).all())
-
-
-#: Share of the cluster term's epochs, from its first, that :func:`unshared_at_start`
-#: reads. The adversary draws batches together whether or not they share biology, so
-#: latent clusters that come to hold two batches only after it has acted at full weight
-#: for a while can be its work: the suite's ``confounded-total`` at seed 3 compared none
-#: in the first 8 of 21 epochs, then up to every cluster, its biology gone (bio 0.27,
-#: total 0.440 against the uncorrected data's 0.61; docs/notes/2026-12-08.md).
-SHARED_START_SHARE = 0.25
-
-
-def unshared_at_start(history: pd.DataFrame) -> bool:
-    """Whether the cluster term found latent clusters and, in the first
-    :data:`SHARED_START_SHARE` of its epochs (one at least), none held a fair share of
-    two batches. Unlike :func:`never_compared`, comparisons that begin later do not
-    count: the shared check (``training.shared_check``) reads it where the input holds no
-    structure within batches (:func:`input_structured`)."""
-    compared = history["clusters_compared"].dropna()
-    first = compared.iloc[: max(1, math.ceil(SHARED_START_SHARE * len(compared)))]
-    return len(first) > 0 and bool((first == 0).all())
