@@ -272,11 +272,7 @@ def _train_and_retry(
         first = dataclasses.replace(inputs, tc=alone)
         trained, history = _train(first, None, dev, dist)
         held = not never_compared(history)
-        log.info(
-            "shared check: trained without the adversary, %s: %s",
-            "latent clusters held two batches" if held else "no latent cluster held two batches",
-            "training with it" if held else "kept",
-        )
+        log.info("shared check: trained without the adversary, %s", _alone_reading(history))
         if held:
             trained, history = _again(inputs, inputs.tc, None, dev, dist)[1]
         else:
@@ -455,6 +451,15 @@ def _alone_config(inputs: _RunInputs) -> TrainConfig | None:
     if input_structured(inputs.X, inputs.codes, inputs.seed) is not False:
         return None
     return dataclasses.replace(inputs.tc, adversary_weight=0.0)
+
+
+def _alone_reading(history: pd.DataFrame) -> str:
+    """What the run without the adversary (:func:`_alone_config`) read, for the log."""
+    if never_compared(history):
+        return "no latent cluster held two batches: kept"
+    if history["clusters_compared"].notna().any():
+        return "latent clusters held two batches: training with it"
+    return "the cluster term found no latent clusters to read: training with it"
 
 
 def _unshared_config(inputs: _RunInputs, history: pd.DataFrame) -> TrainConfig | None:
