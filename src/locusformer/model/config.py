@@ -331,8 +331,9 @@ class TrainConfig:
     # adversary then removes the biology that tells them apart. On the simulated suite
     # only confounded-total meets the condition (every batch one group; 0.654 -> 0.697,
     # the batch score unchanged, three seeds); no CellBench task does
-    # (docs/notes/2026-12-06.md). Where the input holds no structure within batches, only
-    # the cluster term's first epochs count (docs/notes/2026-12-08.md).
+    # (docs/notes/2026-12-06.md). Where the input holds no structure within batches, the
+    # run is trained first without the adversary (train.loop._alone_config;
+    # docs/notes/2026-12-08.md).
     shared_check: bool = True
     warmup_fraction: float = 0.05  # of all steps, then cosine decay to 0
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
