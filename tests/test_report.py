@@ -320,6 +320,31 @@ def test_the_training_section_warns_when_the_cluster_term_never_acted(
         assert "the cluster term never acted" in html
 
 
+def test_the_training_section_says_when_the_batches_were_kept_apart(tmp_path: Path) -> None:
+    """A run trained without the adversary whose latent clusters never held two batches
+    (the shared check keeps such a run) kept the differences between batches: the
+    report says so, and how to train with the adversary instead."""
+    history = pd.DataFrame(
+        {"epoch": [1, 2, 3], "train_recon": [1.0, 0.8, 0.7], "adversary_weight": 0.0,
+         "clusters_compared": [np.nan, 0.0, 0.0]}
+    )  # fmt: skip
+    history.to_csv(tmp_path / "history.tsv", sep="\t", index=False)
+    html = report.render_dataset_report(
+        tmp_path / "r.html", dataset="d", history_tsv=tmp_path / "history.tsv"
+    )
+    assert 'id="history-warning"' in html
+    assert "the differences between them are kept" in html
+    assert "training.shared_check: false" in html
+    assert "the cluster term never acted" not in html
+    history.assign(adversary_weight=[0.0, 0.15, 0.3]).to_csv(
+        tmp_path / "history.tsv", sep="\t", index=False
+    )
+    html = report.render_dataset_report(
+        tmp_path / "r.html", dataset="d", history_tsv=tmp_path / "history.tsv"
+    )
+    assert "the cluster term never acted" in html
+
+
 def test_umap_embedding_plot(tmp_path: Path, dataset) -> None:
     html = report.render_dataset_report(
         tmp_path / "r.html",

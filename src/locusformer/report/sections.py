@@ -33,7 +33,7 @@ from locusformer.report.figures import (
     runtime_figure,
     scores_figure,
 )
-from locusformer.train.alignment import NEVER_COMPARED, never_compared
+from locusformer.train.alignment import KEPT_APART, NEVER_COMPARED, never_compared
 
 #: embedding plots use UMAP from this many samples on, the first two PCs below it
 UMAP_MIN_SAMPLES = 200
@@ -181,8 +181,16 @@ def history_section(history_tsv: PathLike | None) -> dict:
     figure = history_figure(x, numeric, drawn)
     section.update(available=True, figure=figure, columns=cols, silent=silent, n_epochs=len(hist))
     if "clusters_compared" in hist.columns and never_compared(numeric):
-        section["warning"] = NEVER_COMPARED.removeprefix("training: ")
+        section["warning"] = _never_compared_warning(numeric).removeprefix("training: ")
     return section
+
+
+def _never_compared_warning(numeric: pd.DataFrame) -> str:
+    """The history's warning where the cluster term never acted: without the adversary
+    as well (the shared check's choice, or the user's), the batches were kept apart."""
+    adversary = numeric.get("adversary_weight")
+    alone = adversary is not None and bool((adversary.dropna() == 0).all())
+    return KEPT_APART if alone else NEVER_COMPARED
 
 
 def _embedding_coords(
