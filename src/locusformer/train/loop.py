@@ -274,7 +274,7 @@ def _train_and_retry(
         held = not never_compared(history)
         log.info("shared check: trained without the adversary, %s", _alone_reading(history))
         if held:
-            trained, history = _again(inputs, inputs.tc, None, dev, dist)[1]
+            _, (trained, history) = _again(inputs, inputs.tc, None, dev, dist)
         else:
             inputs = first
     # Every process holds the same weights, data and history (the latent clusters are
@@ -425,7 +425,7 @@ def _unfold_config(inputs: _RunInputs, kept: Callable[[], float | None]) -> Trai
     return dataclasses.replace(tc, input_clusters=0)
 
 
-def _shares_unread(inputs: _RunInputs) -> bool:
+def _shared_check_applies(inputs: _RunInputs) -> bool:
     """Whether the shared check (``shared_check``) applies: the run has an adversary and
     no protected covariates (which say what the batches hold)."""
     tc = inputs.tc
@@ -446,7 +446,7 @@ def _alone_config(inputs: _RunInputs) -> TrainConfig | None:
     never hold two batches the populations differ, and the run is kept without the
     adversary; where they do (shallow counts whose groups the floor cannot read) the run
     trains with it, as where the input holds structure."""
-    if not _shares_unread(inputs):
+    if not _shared_check_applies(inputs):
         return None
     if input_structured(inputs.X, inputs.codes, inputs.seed) is not False:
         return None
@@ -469,7 +469,7 @@ def _unshared_config(inputs: _RunInputs, history: pd.DataFrame) -> TrainConfig |
     (:func:`~locusformer.train.alignment.never_compared`). The adversary then asks
     batches that hold different biology to look alike, and removes the biology that
     tells them apart; the run is trained again without it. None otherwise."""
-    if not _shares_unread(inputs) or not never_compared(history):
+    if not _shared_check_applies(inputs) or not never_compared(history):
         return None
     log.info(
         "shared check: no input clusters, and no latent cluster held a fair share of two "
