@@ -33,8 +33,17 @@ from locusformer.report.figures import (
     runtime_figure,
     scores_figure,
 )
-from locusformer.train.alignment import KEPT_APART, NEVER_COMPARED, never_compared
+from locusformer.train.alignment import NEVER_COMPARED, never_compared
 
+#: What the training section says of a run trained without the adversary whose latent
+#: clusters never held two batches: the shared check keeps such a run
+#: (``training.shared_check``), or the user asked for no adversary.
+KEPT_APART = (
+    "the run was trained without the adversary, and no latent cluster held a fair share of "
+    "two batches in any epoch: nothing the run found says the batches share biology, so "
+    "the differences between them are kept; if they are technical, "
+    "training.shared_check: false trains with the adversary"
+)
 #: embedding plots use UMAP from this many samples on, the first two PCs below it
 UMAP_MIN_SAMPLES = 200
 #: the embedding plots show at most this many samples, the same for every method (at 1M
@@ -181,7 +190,7 @@ def history_section(history_tsv: PathLike | None) -> dict:
     figure = history_figure(x, numeric, drawn)
     section.update(available=True, figure=figure, columns=cols, silent=silent, n_epochs=len(hist))
     if "clusters_compared" in hist.columns and never_compared(numeric):
-        section["warning"] = _never_compared_warning(numeric).removeprefix("training: ")
+        section["warning"] = _never_compared_warning(numeric)
     return section
 
 
@@ -190,7 +199,7 @@ def _never_compared_warning(numeric: pd.DataFrame) -> str:
     as well (the shared check's choice, or the user's), the batches were kept apart."""
     adversary = numeric.get("adversary_weight")
     alone = adversary is not None and bool((adversary.dropna() == 0).all())
-    return KEPT_APART if alone else NEVER_COMPARED
+    return KEPT_APART if alone else NEVER_COMPARED.removeprefix("training: ")
 
 
 def _embedding_coords(

@@ -889,14 +889,6 @@ NEVER_COMPARED = (
     "cluster term never acted: either the batches share no biology, or the batch effect "
     "is still in the latent; check the batch-mixing scores in the report"
 )
-#: What the report says of a run trained without the adversary whose latent clusters never
-#: held two batches: the shared check keeps such a run (``training.shared_check``).
-KEPT_APART = (
-    "training: the run was trained without the adversary, and no latent cluster held a fair "
-    "share of two batches in any epoch: nothing the run found says the batches share "
-    "biology, so the differences between them are kept; if they are technical, "
-    "training.shared_check: false trains with the adversary"
-)
 
 
 def never_compared(history: pd.DataFrame) -> bool:
